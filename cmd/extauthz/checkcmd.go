@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/extauthz/extauthz/internal/check"
+	"github.com/extauthz/extauthz/internal/config"
+)
+
+func init() {
+	register(command{
+		name:  "check",
+		usage: "[-addr A] [-H 'name: value']... [-source IP] [-host H] [-context k=v]... METHOD PATH",
+		short: "send one CheckRequest shaped as Envoy builds it and print the decision",
+		run:   runCheck,
+	})
+}
+
+// repeated collects a flag given several times.
+type repeated []string
+
+func (r *repeated) String() string     { return strings.Join(*r, ", ") }
+func (r *repeated) Set(v string) error { *r = append(*r, v); return nil }
+
+func runCheck(e env, args []string) (int, error) {
+	fs := newFlags("check", e)
+	addr := fs.String("addr", config.DefaultGRPC, "sidecar gRPC address (host:port or unix:///path)")
+	source := fs.String("source", "127.0.0.1", "client (peer) IP address Envoy saw")
+	host := fs.String("host", "localhost", "request host (:authority)")
+	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
+	verbose := fs.Bool("v", false, "also print the CheckRequest and the dynamic metadata as JSON")
+	var headers, contexts repeated
+	fs.Var(&headers, "H", "request header 'name: value' (repeatable)")
+	fs.Var(&contexts, "context", "per-route context extension key=value (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	if fs.NArg() != 2 {
+		return 2, fmt.Errorf("%w: need METHOD and PATH", errUsage)
+	}
+	spec := check.RequestSpec{
+		Method: fs.Arg(0), Path: fs.Arg(1), Host: *host, Source: *source,
+		Headers: map[string]string{}, Context: map[string]string{},
+	}
+	if !strings.HasPrefix(spec.Path, "/") {
+		return 2, fmt.Errorf("%w: PATH %q must start with /", errUsage, spec.Path)
+	}
+	for _, h := range headers {
+		name, value, ok := strings.Cut(h, ":")
+		if !ok || strings.TrimSpace(name) == "" {
+			return 2, fmt.Errorf("%w: -H %q is not 'name: value'", errUsage, h)
+		}
+		name = strings.ToLower(strings.TrimSpace(name))
+		value = strings.TrimSpace(value)
+		if prev, ok := spec.Headers[name]; ok {
+			value = prev + "," + value
+		}
+		spec.Headers[name] = value
+	}
+	for _, c := range contexts {
+		k, v, ok := strings.Cut(c, "=")
+		if !ok || k == "" {
+			return 2, fmt.Errorf("%w: -context %q is not key=value", errUsage, c)
+		}
+		spec.Context[k] = v
+	}
+	req := check.NewRequest(spec)
+
+	target := *addr
+	if !strings.HasPrefix(target, "unix://") {
+		target = "passthrough:///" + target
+	}
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return 2, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	if *verbose {
+		fmt.Fprintf(e.stdout, "request:\n%s\n", protojson.Format(req))
+	}
+	resp, err := authv3.NewAuthorizationClient(conn).Check(ctx, req)
+	if err != nil {
+		return 2, fmt.Errorf("Check %s: %w", *addr, err)
+	}
+	allowed := printDecision(e, resp)
+	if *verbose && resp.GetDynamicMetadata() != nil {
+		fmt.Fprintf(e.stdout, "dynamic metadata:\n%s\n", protojson.Format(resp.GetDynamicMetadata()))
+	}
+	if !allowed {
+		return 1, nil
+	}
+	return 0, nil
+}
+
+// printDecision writes the decision as Envoy would act on it and reports
+// whether the request was allowed.
+func printDecision(e env, resp *authv3.CheckResponse) bool {
+	w := e.stdout
+	code := codes.Code(resp.GetStatus().GetCode())
+	if ok := resp.GetOkResponse(); code == codes.OK {
+		fmt.Fprintf(w, "ALLOWED (grpc %s)\n", code)
+		printHeaders(w, "response headers added", ok.GetResponseHeadersToAdd())
+		printHeaders(w, "upstream headers set", ok.GetHeaders())
+		if len(ok.GetHeadersToRemove()) > 0 {
+			fmt.Fprintf(w, "upstream headers removed: %s\n", strings.Join(ok.GetHeadersToRemove(), ", "))
+		}
+		return true
+	}
+	d := resp.GetDeniedResponse()
+	st := int(d.GetStatus().GetCode())
+	if st == 0 {
+		st = http.StatusForbidden // Envoy's default for a denial
+	}
+	fmt.Fprintf(w, "DENIED %d %s (grpc %s)\n", st, http.StatusText(st), code)
+	printHeaders(w, "headers", d.GetHeaders())
+	if d.GetBody() != "" {
+		fmt.Fprintf(w, "body:\n%s\n", d.GetBody())
+	}
+	return false
+}
+
+func printHeaders(w io.Writer, title string, hs []*corev3.HeaderValueOption) {
+	if len(hs) == 0 {
+		return
+	}
+	lines := make([]string, 0, len(hs))
+	for _, h := range hs {
+		lines = append(lines, fmt.Sprintf("  %s: %s", h.GetHeader().GetKey(), h.GetHeader().GetValue()))
+	}
+	sort.Strings(lines)
+	fmt.Fprintf(w, "%s:\n%s\n", title, strings.Join(lines, "\n"))
+}

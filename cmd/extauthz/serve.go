@@ -1,0 +1,281 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/extauthz/extauthz/internal/check"
+	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/metrics"
+	"github.com/extauthz/extauthz/internal/quota"
+)
+
+// ConfigEnv names the configuration file when -config is not given.
+const ConfigEnv = "EXTAUTHZ_CONFIG"
+
+func init() {
+	register(command{
+		name:  "serve",
+		usage: "[-config FILE] [-log-format text|json] [-log-level LEVEL] [-drain-delay D] [-grace D]",
+		short: "run the sidecar (the default command)",
+		run:   runServe,
+	})
+}
+
+type serveFlags struct {
+	config     string
+	logFormat  string
+	logLevel   string
+	drainDelay time.Duration
+	grace      time.Duration
+}
+
+func runServe(e env, args []string) (int, error) {
+	fs := newFlags("serve", e)
+	var f serveFlags
+	fs.StringVar(&f.config, "config", "", "configuration file (default $"+ConfigEnv+", else the embedded default)")
+	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.DurationVar(&f.drainDelay, "drain-delay", 0, "on SIGTERM, report NOT_SERVING this long before closing listeners")
+	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM, wait this long for in-flight Checks before stopping")
+	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	if fs.NArg() > 0 {
+		return 2, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	log, err := newLogger(e, f.logFormat, f.logLevel)
+	if err != nil {
+		return 2, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if f.config == "" {
+		f.config = os.Getenv(ConfigEnv)
+	}
+
+	var cfg *config.Config
+	if f.config == "" {
+		cfg = config.Default()
+		fmt.Fprintf(e.stderr, "extauthz: no -config and no $%s: serving the embedded default configuration (local mode, no Redis)\n", ConfigEnv)
+		printSummary(e.stderr, cfg)
+		fmt.Fprintf(e.stderr, "try: extauthz check -H 'x-api-key: key-demo-123' GET /orders   (the 6th call in a minute gets 429)\n")
+		fmt.Fprintf(e.stderr, "     extauthz check GET /   (no key: anonymous callers share 10 a minute)\n\n")
+	} else {
+		cfg, err = config.Load(f.config)
+		if err != nil {
+			return 1, err
+		}
+	}
+	for _, w := range cfg.Warnings {
+		log.Warn("config warning", "source", cfg.Source, "warning", w)
+	}
+
+	s, err := newSidecar(cfg, f, log)
+	if err != nil {
+		return 1, err
+	}
+	return s.run()
+}
+
+func newLogger(e env, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level %q: choices are debug, info, warn, error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(e.stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(e.stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("-log-format %q: choices are text, json", format)
+}
+
+// sidecar is the running process: servers, the Check service, the caches.
+type sidecar struct {
+	flags   serveFlags
+	log     *slog.Logger
+	metrics *metrics.Metrics
+	checks  *check.Server
+	grpc    *grpc.Server
+	health  *health.Server
+	admin   *http.Server
+	ready   atomic.Bool
+}
+
+func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, error) {
+	m := metrics.New(buildVersion())
+	cache, err := quota.NewCache(cfg.Local.MaxKeys)
+	if err != nil {
+		return nil, err
+	}
+	m.RegisterCache(cache)
+	limiters := check.Limiters{config.ModeLocal: quota.NewLocal(cache)}
+	srv, err := check.New(cfg, limiters, m)
+	if err != nil {
+		return nil, err
+	}
+	s := &sidecar{flags: f, log: log, metrics: m, checks: srv, health: health.NewServer()}
+	s.grpc = grpc.NewServer(
+		// Envoy keeps its ext_authz connection open and may ping it; do not
+		// answer an eager ping with GOAWAY.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	authv3.RegisterAuthorizationServer(s.grpc, srv)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	if cfg.Listen.Reflection {
+		reflection.Register(s.grpc)
+	}
+	return s, nil
+}
+
+// listen opens addr: host:port, or unix:///path (a stale socket file is
+// replaced).
+func listen(addr string) (net.Listener, error) {
+	if path, ok := strings.CutPrefix(addr, "unix://"); ok {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		return net.Listen("unix", path)
+	}
+	return net.Listen("tcp", addr)
+}
+
+func (s *sidecar) run() (int, error) {
+	cfg := s.checks.Config()
+	glis, err := listen(cfg.Listen.GRPC)
+	if err != nil {
+		return 1, fmt.Errorf("listen.grpc: %w", err)
+	}
+	var alis net.Listener
+	if cfg.Listen.Admin != "" {
+		alis, err = listen(cfg.Listen.Admin)
+		if err != nil {
+			glis.Close()
+			return 1, fmt.Errorf("listen.admin: %w", err)
+		}
+		s.admin = &http.Server{Handler: s.adminMux(), ReadHeaderTimeout: 5 * time.Second}
+	}
+
+	errc := make(chan error, 2)
+	go func() { errc <- s.grpc.Serve(glis) }()
+	if s.admin != nil {
+		go func() {
+			if err := s.admin.Serve(alis); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+	}
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.ready.Store(true)
+	adminAddr := ""
+	if alis != nil {
+		adminAddr = alis.Addr().String()
+	}
+	s.log.Info("serving", "grpc", glis.Addr().String(), "admin", adminAddr,
+		"config", cfg.Source, "policies", len(cfg.Policies), "version", buildVersion())
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	for {
+		select {
+		case err := <-errc:
+			return 1, fmt.Errorf("server stopped: %w", err)
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				s.reload()
+				continue
+			}
+			s.log.Info("shutting down", "signal", sig.String())
+			return s.shutdown(sigs), nil
+		}
+	}
+}
+
+// reload re-reads the configuration file. An invalid file keeps the running
+// configuration.
+func (s *sidecar) reload() {
+	src := s.checks.Config().Source
+	if src == config.EmbeddedSource {
+		s.log.Warn("reload ignored: serving the embedded default configuration, not a file")
+		return
+	}
+	cfg, err := config.Load(src)
+	if err == nil {
+		err = s.checks.Update(cfg)
+	}
+	if err != nil {
+		s.metrics.ConfigReloads.WithLabelValues("failure").Inc()
+		s.log.Error("reload failed; keeping the running configuration", "error", err.Error())
+		return
+	}
+	s.metrics.ConfigReloads.WithLabelValues("success").Inc()
+	s.log.Info("configuration reloaded", "config", src, "policies", len(cfg.Policies))
+}
+
+// shutdown reports NOT_SERVING, waits out the drain delay, then stops
+// gracefully within the grace period. A second signal stops at once.
+func (s *sidecar) shutdown(sigs <-chan os.Signal) int {
+	s.ready.Store(false)
+	s.health.Shutdown() // every service NOT_SERVING
+	if s.flags.drainDelay > 0 {
+		select {
+		case <-time.After(s.flags.drainDelay):
+		case <-sigs:
+			s.grpc.Stop()
+			return 1
+		}
+	}
+	done := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(done) }()
+	force := time.AfterFunc(s.flags.grace, s.grpc.Stop)
+	select {
+	case <-done:
+	case <-sigs:
+		s.grpc.Stop()
+		<-done
+	}
+	force.Stop()
+	if s.admin != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s.admin.Shutdown(ctx)
+		cancel()
+	}
+	s.log.Info("stopped")
+	return 0
+}
+
+func (s *sidecar) adminMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", s.metrics.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !s.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}

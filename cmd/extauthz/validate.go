@@ -1,0 +1,128 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/extauthz/extauthz/internal/config"
+)
+
+func init() {
+	register(command{
+		name:  "validate",
+		usage: "-config FILE",
+		short: "check a configuration file and print its policies",
+		run:   runValidate,
+	})
+}
+
+func runValidate(e env, args []string) (int, error) {
+	fs := newFlags("validate", e)
+	path := fs.String("config", "", "configuration file to check")
+	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	if *path == "" {
+		return 2, fmt.Errorf("%w: -config is required", errUsage)
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		fmt.Fprintln(e.stderr, err)
+		return 1, nil
+	}
+	for _, w := range cfg.Warnings {
+		fmt.Fprintf(e.stderr, "%s: warning: %s\n", cfg.Source, w)
+	}
+	fmt.Fprintf(e.stdout, "%s: ok\n", cfg.Source)
+	printSummary(e.stdout, cfg)
+	return 0, nil
+}
+
+// printSummary writes the listeners and a table of policies.
+func printSummary(w io.Writer, cfg *config.Config) {
+	store := "none (local only)"
+	if cfg.Redis != nil {
+		store = strings.Join(cfg.Redis.Addrs, ",")
+	}
+	fmt.Fprintf(w, "grpc %s, admin %s, redis %s, %d client keys, local cache %d keys\n",
+		cfg.Listen.GRPC, orNone(cfg.Listen.Admin), store, len(cfg.Clients.Keys), cfg.Local.MaxKeys)
+	if len(cfg.Policies) == 0 {
+		fmt.Fprintln(w, "no policies: every request is allowed")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POLICY\tMATCH\tKEY\tLIMIT\tALGORITHM\tMODE\tFLAGS")
+	for _, p := range cfg.Policies {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, describeMatch(p.Match), describeKey(p.Key),
+			describeLimit(cfg, p), p.Algorithm, p.Mode, describeFlags(p))
+	}
+	tw.Flush()
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "off"
+	}
+	return s
+}
+
+func describeMatch(m config.Match) string {
+	var parts []string
+	if len(m.Methods) > 0 {
+		parts = append(parts, strings.Join(m.Methods, ","))
+	}
+	if len(m.Hosts) > 0 {
+		parts = append(parts, strings.Join(m.Hosts, ","))
+	}
+	if m.PathPrefix != "" {
+		parts = append(parts, m.PathPrefix+"*")
+	}
+	for k, v := range m.Context {
+		parts = append(parts, k+"="+v)
+	}
+	if len(parts) == 0 {
+		return "every request"
+	}
+	return strings.Join(parts, " ")
+}
+
+func describeKey(k []config.KeyPart) string {
+	if len(k) == 0 {
+		return "(one shared bucket)"
+	}
+	parts := make([]string, len(k))
+	for i, p := range k {
+		parts[i] = p.String()
+	}
+	return strings.Join(parts, "+")
+}
+
+func describeLimit(cfg *config.Config, p config.Policy) string {
+	if p.UsePlan {
+		return "plan"
+	}
+	s := fmt.Sprintf("%d/%s", p.Limit, p.Window)
+	if p.Burst != 0 && p.Burst != p.Limit {
+		s += fmt.Sprintf(" burst %d", p.Burst)
+	}
+	return s
+}
+
+func describeFlags(p config.Policy) string {
+	var f []string
+	if p.Shadow {
+		f = append(f, "shadow")
+	}
+	if p.Mode != config.ModeLocal {
+		f = append(f, "on_redis_error="+string(p.OnRedisError))
+	}
+	if p.OnMissingKey == config.MissingReject {
+		f = append(f, "missing key=401")
+	}
+	if len(f) == 0 {
+		return "-"
+	}
+	return strings.Join(f, " ")
+}

@@ -1,0 +1,127 @@
+package check
+
+import (
+	"encoding/json"
+	"strconv"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Problem types (RFC 9457) of the bodies the sidecar sends.
+const (
+	ProblemQuotaExceeded   = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+	ProblemReducedCapacity = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+	problemBlank           = "about:blank"
+	problemContentType     = "application/problem+json"
+)
+
+// problem is an RFC 9457 problem detail. Field order is the wire order.
+type problem struct {
+	Type             string   `json:"type"`
+	Title            string   `json:"title"`
+	Status           int      `json:"status"`
+	Detail           string   `json:"detail"`
+	ViolatedPolicies []string `json:"violated-policies,omitempty"`
+}
+
+// policyHeader renders one RateLimit-Policy item (draft-ietf-httpapi-
+// ratelimit-headers, a structured-field list): `"orders";q=100;w=60`. The
+// window is whole seconds, at least 1.
+func policyHeader(name string, quota int64, window time.Duration) string {
+	b := appendSFString(nil, name)
+	b = append(b, ";q="...)
+	b = strconv.AppendInt(b, quota, 10)
+	b = append(b, ";w="...)
+	b = strconv.AppendInt(b, ceilSeconds(window), 10)
+	return string(b)
+}
+
+// rateLimitHeader renders one RateLimit item: `"orders";r=0;t=59`.
+func rateLimitHeader(name string, remaining int64, reset time.Duration) string {
+	b := appendSFString(make([]byte, 0, len(name)+24), name)
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, max(remaining, 0), 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, ceilSecondsMin0(reset), 10)
+	return string(b)
+}
+
+// appendSFString appends s as an RFC 8941 sf-string. Policy names are
+// restricted to printable ASCII by validation; quotes and backslashes are
+// escaped and anything else outside printable ASCII is dropped.
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c >= 0x20 && c < 0x7f:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// ceilSeconds rounds d up to whole seconds, at least 1: the form of
+// Retry-After and of a window.
+func ceilSeconds(d time.Duration) int64 {
+	return max(ceilSecondsMin0(d), 1)
+}
+
+func ceilSecondsMin0(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+func header(k, v string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: k, Value: v},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}
+
+func denied(code codes.Code, httpStatus typev3.StatusCode, headers []*corev3.HeaderValueOption, body problem, md *structpb.Struct) *authv3.CheckResponse {
+	raw, _ := json.Marshal(body) // a struct of strings and ints cannot fail
+	headers = append(headers, header("content-type", problemContentType))
+	return &authv3.CheckResponse{
+		Status: &status.Status{Code: int32(code), Message: body.Title},
+		HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+			Status:  &typev3.HttpStatus{Code: httpStatus},
+			Headers: headers,
+			Body:    string(raw),
+		}},
+		DynamicMetadata: md,
+	}
+}
+
+// unauthorized is the 401 for a missing or unknown API key.
+func unauthorized(detail string) *authv3.CheckResponse {
+	return denied(codes.Unauthenticated, typev3.StatusCode_Unauthorized,
+		[]*corev3.HeaderValueOption{header("www-authenticate", "ApiKey")},
+		problem{Type: problemBlank, Title: "Unauthorized", Status: 401, Detail: detail}, nil)
+}
+
+func metadata(client, policy, result string, remaining int64, hasRemaining bool) *structpb.Struct {
+	f := map[string]*structpb.Value{
+		"result": structpb.NewStringValue(result),
+	}
+	if client != "" {
+		f["client"] = structpb.NewStringValue(client)
+	}
+	if policy != "" {
+		f["policy"] = structpb.NewStringValue(policy)
+	}
+	if hasRemaining {
+		f["remaining"] = structpb.NewNumberValue(float64(remaining))
+	}
+	return &structpb.Struct{Fields: f}
+}

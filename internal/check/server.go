@@ -1,0 +1,293 @@
+// Package check implements Envoy's envoy.service.auth.v3.Authorization
+// service: CheckRequest → caller identity → matching policies → quota →
+// CheckResponse. Every mapping between Envoy's protocol and the sidecar's
+// decisions lives here.
+package check
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+
+	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/identity"
+	"github.com/extauthz/extauthz/internal/metrics"
+	"github.com/extauthz/extauthz/internal/quota"
+)
+
+// ClientIDHeader carries the verified client id to the upstream. It is
+// removed from requests with no verified client, so a caller cannot forge it.
+const ClientIDHeader = "x-client-id"
+
+// Outcomes of a Check, as counted in extauthz_checks_total.
+const (
+	OutcomeOK           = "ok"
+	OutcomeOverLimit    = "over_limit"
+	OutcomeUnauthorized = "unauthorized"
+	OutcomeUnavailable  = "unavailable"
+	OutcomeError        = "error"
+)
+
+// Server is the Authorization service. It is safe for concurrent use; Update
+// swaps the configuration without blocking Checks in flight.
+type Server struct {
+	authv3.UnimplementedAuthorizationServer
+
+	limiters Limiters
+	metrics  *metrics.Metrics
+	now      func() time.Time
+	engine   atomic.Pointer[engine]
+	outcomes map[string]prometheus.Counter
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithClock sets the source of decision instants (time.Now by default).
+// Each Check reads it once.
+func WithClock(now func() time.Time) Option { return func(s *Server) { s.now = now } }
+
+// New returns a Server enforcing cfg with the given limiters, one per mode
+// the configuration uses.
+func New(cfg *config.Config, limiters Limiters, m *metrics.Metrics, opts ...Option) (*Server, error) {
+	s := &Server{limiters: limiters, metrics: m, now: time.Now, outcomes: map[string]prometheus.Counter{}}
+	for _, o := range []string{OutcomeOK, OutcomeOverLimit, OutcomeUnauthorized, OutcomeUnavailable, OutcomeError} {
+		s.outcomes[o] = m.Checks.WithLabelValues(o)
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	if err := s.Update(cfg); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Update compiles cfg and makes it the running configuration. On error the
+// running configuration stays.
+func (s *Server) Update(cfg *config.Config) error {
+	e, err := compile(cfg, s.limiters, s.metrics)
+	if err != nil {
+		return err
+	}
+	s.engine.Store(e)
+	s.metrics.ConfigPolicies.Set(float64(len(e.policies)))
+	return nil
+}
+
+// Config returns the running configuration.
+func (s *Server) Config() *config.Config { return s.engine.Load().cfg }
+
+// Check implements envoy.service.auth.v3.Authorization.
+func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	start := time.Now()
+	now := s.now()
+	resp, outcome, err := s.engine.Load().decide(ctx, req, now)
+	s.outcomes[outcome].Inc()
+	s.metrics.CheckDuration.Observe(time.Since(start).Seconds())
+	return resp, err
+}
+
+// taken is one policy's decision for the request in hand.
+type taken struct {
+	p   *policy
+	key string
+	lim limit
+	ok  bool // allowed (for a shadow policy: would have been)
+	d   quota.Decision
+}
+
+func (e *engine) decide(ctx context.Context, req *authv3.CheckRequest, now time.Time) (*authv3.CheckResponse, string, error) {
+	a := newAttrs(req)
+
+	// 1. Identify the caller. A presented key that is not known is a 401
+	// before any policy runs, and leaves no state behind.
+	client, credHeader := e.identify(&a)
+	if credHeader != "" && client == nil {
+		return unauthorized("Unknown API key."), OutcomeUnauthorized, nil
+	}
+
+	// 2. Find the policies that apply and their partition keys. Keys are
+	// built before any quota is taken, so a rejection needs no refunds.
+	var buf [8]taken
+	takes := buf[:0]
+	for _, p := range e.policies {
+		if !p.matches(&a) {
+			continue
+		}
+		key, missing := p.partition(&a, client, e.cfg.IPTrustedHops)
+		if missing && p.OnMissingKey == config.MissingReject {
+			return unauthorized(missingDetail(p)), OutcomeUnauthorized, nil
+		}
+		takes = append(takes, taken{p: p, key: key, lim: p.limitFor(client)})
+	}
+
+	// 3. Ask every policy for one unit.
+	var clientID string
+	if client != nil {
+		clientID = client.ID
+	}
+	denied := false
+	for i := range takes {
+		t := &takes[i]
+		d, err := t.p.limiter.Take(ctx, t.key, t.lim.Limit, now)
+		if err != nil {
+			e.refund(ctx, takes[:i], now)
+			return nil, OutcomeError, grpcstatus.Errorf(codes.Internal, "policy %s: %v", t.p.Name, err)
+		}
+		t.d = d
+		t.ok = d.Allowed
+		switch {
+		case d.Allowed:
+			t.p.allowed.Inc()
+		case t.p.Shadow:
+			t.p.shadowDenied.Inc()
+		default:
+			t.p.denied.Inc()
+			denied = true
+		}
+	}
+
+	// 4. A request denied by one policy consumes nothing from the others.
+	if denied {
+		e.refund(ctx, takes, now)
+		return e.overLimit(takes, clientID), OutcomeOverLimit, nil
+	}
+	return e.allow(&a, takes, client, credHeader), OutcomeOK, nil
+}
+
+// refund gives back the units that allowed policies took.
+func (e *engine) refund(ctx context.Context, takes []taken, now time.Time) {
+	for i := range takes {
+		t := &takes[i]
+		if t.ok {
+			_ = t.p.limiter.Refund(ctx, t.key, t.lim.Limit, now)
+			t.p.refunded.Inc()
+		}
+	}
+}
+
+// identify returns the client holding the presented API key and the header
+// it came in. A key that is presented but unknown yields (nil, header).
+// With no keys configured, API keys are not in use and nothing is read.
+func (e *engine) identify(a *attrs) (*identity.Client, string) {
+	if e.keyring.Len() == 0 {
+		return nil, ""
+	}
+	if v := strings.TrimSpace(a.headers[e.keyHeader]); v != "" {
+		return e.keyring.Lookup(v), e.keyHeader
+	}
+	if e.cfg.Clients.Bearer {
+		if v, ok := identity.Bearer(a.headers["authorization"]); ok {
+			return e.keyring.Lookup(v), "authorization"
+		}
+	}
+	return nil, ""
+}
+
+func missingDetail(p *policy) string {
+	parts := make([]string, len(p.Key))
+	for i, k := range p.Key {
+		parts[i] = k.String()
+	}
+	return fmt.Sprintf("Policy %s needs %s to identify the caller.", p.Name, strings.Join(parts, ", "))
+}
+
+// overLimit builds the 429. Retry-After is the longest wait among denying
+// policies, and the RateLimit headers describe that policy, so the client is
+// told one consistent time.
+func (e *engine) overLimit(takes []taken, clientID string) *authv3.CheckResponse {
+	var worst *taken
+	var violated []string
+	for i := range takes {
+		t := &takes[i]
+		if t.ok || t.p.Shadow {
+			continue
+		}
+		violated = append(violated, t.p.Name)
+		if worst == nil || t.d.RetryAfter > worst.d.RetryAfter {
+			worst = t
+		}
+	}
+	wait := ceilSeconds(worst.d.RetryAfter)
+	retry := strconv.FormatInt(wait, 10)
+	headers := []*corev3.HeaderValueOption{
+		header("retry-after", retry),
+		header("ratelimit-policy", worst.lim.header),
+		header("ratelimit", rateLimitHeader(worst.p.Name, worst.d.Remaining, time.Duration(wait)*time.Second)),
+	}
+	if e.cfg.Headers.Legacy {
+		headers = append(headers, legacyHeaders(worst.d.Limit, worst.d.Remaining, time.Duration(wait)*time.Second)...)
+	}
+	body := problem{
+		Type:             ProblemQuotaExceeded,
+		Title:            "Too Many Requests",
+		Status:           429,
+		Detail:           "Retry after " + retry + " s.",
+		ViolatedPolicies: violated,
+	}
+	return denied(codes.ResourceExhausted, typev3.StatusCode_TooManyRequests, headers, body,
+		metadata(clientID, worst.p.Name, "over_limit", worst.d.Remaining, true))
+}
+
+// allow builds the OK: RateLimit headers for the most constrained enforcing
+// policy, the client id for the upstream, the credential stripped.
+func (e *engine) allow(a *attrs, takes []taken, client *identity.Client, credHeader string) *authv3.CheckResponse {
+	ok := &authv3.OkHttpResponse{}
+	var tightest *taken
+	for i := range takes {
+		t := &takes[i]
+		if t.p.Shadow {
+			continue // shadow policies observe; clients never see them
+		}
+		if tightest == nil || t.d.Remaining < tightest.d.Remaining ||
+			(t.d.Remaining == tightest.d.Remaining && t.d.ResetAfter > tightest.d.ResetAfter) {
+			tightest = t
+		}
+	}
+	var policyName, clientID string
+	var remaining int64
+	if tightest != nil {
+		policyName, remaining = tightest.p.Name, tightest.d.Remaining
+		ok.ResponseHeadersToAdd = []*corev3.HeaderValueOption{
+			header("ratelimit-policy", tightest.lim.header),
+			header("ratelimit", rateLimitHeader(tightest.p.Name, tightest.d.Remaining, tightest.d.ResetAfter)),
+		}
+		if e.cfg.Headers.Legacy {
+			ok.ResponseHeadersToAdd = append(ok.ResponseHeadersToAdd, legacyHeaders(tightest.d.Limit, tightest.d.Remaining, tightest.d.ResetAfter)...)
+		}
+	}
+	if client != nil {
+		clientID = client.ID
+		ok.Headers = []*corev3.HeaderValueOption{header(ClientIDHeader, client.ID)}
+	} else if _, forged := a.headers[ClientIDHeader]; forged {
+		ok.HeadersToRemove = append(ok.HeadersToRemove, ClientIDHeader)
+	}
+	if credHeader != "" && e.cfg.Clients.Strip {
+		ok.HeadersToRemove = append(ok.HeadersToRemove, credHeader)
+	}
+	return &authv3.CheckResponse{
+		Status:          &status.Status{Code: int32(codes.OK)},
+		HttpResponse:    &authv3.CheckResponse_OkResponse{OkResponse: ok},
+		DynamicMetadata: metadata(clientID, policyName, "ok", remaining, tightest != nil),
+	}
+}
+
+func legacyHeaders(limit, remaining int64, reset time.Duration) []*corev3.HeaderValueOption {
+	return []*corev3.HeaderValueOption{
+		header("x-ratelimit-limit", strconv.FormatInt(limit, 10)),
+		header("x-ratelimit-remaining", strconv.FormatInt(max(remaining, 0), 10)),
+		header("x-ratelimit-reset", strconv.FormatInt(ceilSecondsMin0(reset), 10)),
+	}
+}

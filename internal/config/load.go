@@ -1,0 +1,153 @@
+package config
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// The raw types mirror the YAML. Durations and limits stay strings here so
+// that validation, which knows each field's path, reports bad values.
+
+type rawConfig struct {
+	Listen        rawListen            `yaml:"listen"`
+	Redis         *rawRedis            `yaml:"redis"`
+	DefaultMode   string               `yaml:"default_mode"`
+	Local         rawLocal             `yaml:"local"`
+	IPTrustedHops int                  `yaml:"ip_trusted_hops"`
+	Headers       rawHeaders           `yaml:"headers"`
+	Fallback      rawFallback          `yaml:"fallback"`
+	Clients       rawClients           `yaml:"clients"`
+	Plans         map[string]rawPlan   `yaml:"plans"`
+	Policies      []rawPolicy          `yaml:"policies"`
+}
+
+type rawListen struct {
+	GRPC       *string `yaml:"grpc"`
+	Admin      *string `yaml:"admin"`
+	Reflection bool    `yaml:"reflection"`
+}
+
+type rawRedis struct {
+	Addrs       []string `yaml:"addrs"`
+	Username    string   `yaml:"username"`
+	PasswordEnv string   `yaml:"password_env"`
+	TLS         bool     `yaml:"tls"`
+	Timeout     string   `yaml:"timeout"`
+	KeyPrefix   *string  `yaml:"key_prefix"`
+}
+
+type rawLocal struct {
+	MaxKeys   int    `yaml:"max_keys"`
+	SliceIdle string `yaml:"slice_idle"`
+}
+
+type rawHeaders struct {
+	Legacy bool `yaml:"legacy"`
+}
+
+type rawFallback struct {
+	PeerTTL  string `yaml:"peer_ttl"`
+	MinPeers int    `yaml:"min_peers"`
+}
+
+type rawClients struct {
+	Header string      `yaml:"header"`
+	Bearer *bool       `yaml:"bearer"`
+	Strip  *bool       `yaml:"strip"`
+	Keys   []rawClient `yaml:"keys"`
+}
+
+type rawClient struct {
+	ID     string `yaml:"id"`
+	SHA256 string `yaml:"sha256"`
+	Key    string `yaml:"key"`
+	Plan   string `yaml:"plan"`
+}
+
+type rawPlan struct {
+	Limit  int64  `yaml:"limit"`
+	Window string `yaml:"window"`
+	Burst  int64  `yaml:"burst"`
+}
+
+type rawPolicy struct {
+	Name         string   `yaml:"name"`
+	Match        rawMatch `yaml:"match"`
+	Key          []string `yaml:"key"`
+	Limit        string   `yaml:"limit"`
+	Window       string   `yaml:"window"`
+	Burst        int64    `yaml:"burst"`
+	Algorithm    string   `yaml:"algorithm"`
+	Mode         string   `yaml:"mode"`
+	OnRedisError string   `yaml:"on_redis_error"`
+	OnMissingKey string   `yaml:"on_missing_key"`
+	Shadow       bool     `yaml:"shadow"`
+}
+
+type rawMatch struct {
+	PathPrefix string            `yaml:"path_prefix"`
+	Methods    []string          `yaml:"methods"`
+	Hosts      []string          `yaml:"hosts"`
+	Context    map[string]string `yaml:"context"`
+}
+
+//go:embed default.yaml
+var defaultYAML []byte
+
+// EmbeddedSource names the built-in configuration in messages.
+const EmbeddedSource = "embedded default"
+
+// Default returns the embedded configuration: local mode, no Redis, a demo
+// policy. It works on a fresh machine.
+func Default() *Config {
+	c, err := Parse(defaultYAML, EmbeddedSource)
+	if err != nil {
+		panic("config: embedded default is invalid: " + err.Error())
+	}
+	return c
+}
+
+// DefaultYAML returns the text of the embedded configuration.
+func DefaultYAML() []byte { return bytes.Clone(defaultYAML) }
+
+// Load reads and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(data, path)
+}
+
+// Parse validates a configuration. name appears in front of every error.
+func Parse(data []byte, name string) (*Config, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, &Errors{File: name, List: []FieldError{{Msg: yamlSyntax(err)}}}
+	}
+	errs := &Errors{File: name}
+	var raw rawConfig
+	decodeStrict(&doc, &raw, errs)
+	if len(errs.List) > 0 {
+		return nil, errs
+	}
+	c := validate(&raw, errs)
+	if err := errs.orNil(); err != nil {
+		return nil, err
+	}
+	c.Source = name
+	return c, nil
+}
+
+func yamlSyntax(err error) string {
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		return te.Error()
+	}
+	return "invalid YAML: " + err.Error()
+}

@@ -1,0 +1,493 @@
+package config
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/extauthz/extauthz/internal/quota"
+)
+
+// Defaults for settings left out of the file.
+const (
+	DefaultGRPC       = "127.0.0.1:9001"
+	DefaultAdmin      = "127.0.0.1:9090"
+	DefaultTimeout    = 20 * time.Millisecond
+	DefaultKeyPrefix  = "rl:"
+	DefaultMaxKeys    = 100_000
+	DefaultSliceIdle  = time.Second
+	DefaultPeerTTL    = 15 * time.Second
+	DefaultMinPeers   = 1
+	DefaultKeyHeader  = "x-api-key"
+	minWindow         = time.Millisecond
+	maxWindow         = 366 * 24 * time.Hour
+	maxLimit          = 1 << 40
+	maxTrustedHops    = 64
+	maxPolicyKeyParts = 8
+)
+
+var (
+	policyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	// token is RFC 9110's header field name syntax.
+	headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+	hexDigest  = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+	httpMethod = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+)
+
+func validate(r *rawConfig, errs *Errors) *Config {
+	c := &Config{
+		Listen: Listen{GRPC: DefaultGRPC, Admin: DefaultAdmin, Reflection: r.Listen.Reflection},
+		Local:  Local{MaxKeys: DefaultMaxKeys, SliceIdle: DefaultSliceIdle},
+		Fallback: Fallback{
+			PeerTTL:  DefaultPeerTTL,
+			MinPeers: DefaultMinPeers,
+		},
+		Headers:       Headers{Legacy: r.Headers.Legacy},
+		IPTrustedHops: r.IPTrustedHops,
+		Plans:         map[string]Plan{},
+	}
+
+	if r.Listen.GRPC != nil {
+		c.Listen.GRPC = *r.Listen.GRPC
+	}
+	if err := checkListen(c.Listen.GRPC, true); err != nil {
+		errs.add("listen.grpc", "%q %s", c.Listen.GRPC, err)
+	}
+	if r.Listen.Admin != nil {
+		c.Listen.Admin = *r.Listen.Admin
+	}
+	if c.Listen.Admin != "" {
+		if err := checkListen(c.Listen.Admin, false); err != nil {
+			errs.add("listen.admin", "%q %s", c.Listen.Admin, err)
+		}
+	}
+
+	if r.Redis != nil {
+		c.Redis = validateRedis(r.Redis, errs)
+	}
+
+	c.DefaultMode = ModeLocal
+	if c.Redis != nil {
+		c.DefaultMode = ModeHybrid
+	}
+	if r.DefaultMode != "" {
+		if m, ok := parseMode(r.DefaultMode); ok {
+			c.DefaultMode = m
+		} else {
+			errs.add("default_mode", "%q is not a mode; choices are local, redis, hybrid", r.DefaultMode)
+		}
+	}
+	if c.DefaultMode != ModeLocal && c.Redis == nil {
+		errs.add("default_mode", "%q needs a redis section", c.DefaultMode)
+	}
+
+	if r.Local.MaxKeys != 0 {
+		c.Local.MaxKeys = r.Local.MaxKeys
+	}
+	if c.Local.MaxKeys < 1 {
+		errs.add("local.max_keys", "%d must be at least 1", r.Local.MaxKeys)
+	}
+	durationField(r.Local.SliceIdle, "local.slice_idle", &c.Local.SliceIdle, errs)
+
+	if c.IPTrustedHops < 0 || c.IPTrustedHops > maxTrustedHops {
+		errs.add("ip_trusted_hops", "%d must be between 0 and %d", c.IPTrustedHops, maxTrustedHops)
+	}
+
+	durationField(r.Fallback.PeerTTL, "fallback.peer_ttl", &c.Fallback.PeerTTL, errs)
+	if r.Fallback.MinPeers != 0 {
+		c.Fallback.MinPeers = r.Fallback.MinPeers
+	}
+	if c.Fallback.MinPeers < 1 {
+		errs.add("fallback.min_peers", "%d must be at least 1", r.Fallback.MinPeers)
+	}
+
+	for _, name := range sortedKeys(r.Plans) {
+		c.Plans[name] = validatePlan(r.Plans[name], "plans."+name, errs)
+	}
+	c.Clients = validateClients(&r.Clients, c.Plans, errs, &c.Warnings)
+
+	names := map[string]int{}
+	for i := range r.Policies {
+		path := fmt.Sprintf("policies[%d]", i)
+		p := validatePolicy(&r.Policies[i], path, c, errs)
+		if prev, dup := names[p.Name]; dup && p.Name != "" {
+			errs.add(path+".name", "%q is already used by policies[%d]", p.Name, prev)
+		}
+		names[p.Name] = i
+		c.Policies = append(c.Policies, p)
+	}
+	return c
+}
+
+func checkListen(addr string, unixOK bool) error {
+	if strings.HasPrefix(addr, "unix://") {
+		if !unixOK {
+			return fmt.Errorf("must be host:port")
+		}
+		if strings.TrimPrefix(addr, "unix://") == "" {
+			return fmt.Errorf("needs a socket path after unix://")
+		}
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("is not host:port")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("has an invalid port")
+	}
+	return nil
+}
+
+func validateRedis(r *rawRedis, errs *Errors) *Redis {
+	rc := &Redis{
+		Addrs:       r.Addrs,
+		Username:    r.Username,
+		PasswordEnv: r.PasswordEnv,
+		TLS:         r.TLS,
+		Timeout:     DefaultTimeout,
+		KeyPrefix:   DefaultKeyPrefix,
+	}
+	if len(r.Addrs) == 0 {
+		errs.add("redis.addrs", "needs at least one host:port")
+	}
+	for i, a := range r.Addrs {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			errs.add(fmt.Sprintf("redis.addrs[%d]", i), "%q is not host:port", a)
+		}
+	}
+	if r.PasswordEnv != "" && !regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`).MatchString(r.PasswordEnv) {
+		errs.add("redis.password_env", "%q is not an environment variable name", r.PasswordEnv)
+	}
+	durationField(r.Timeout, "redis.timeout", &rc.Timeout, errs)
+	if r.KeyPrefix != nil {
+		rc.KeyPrefix = *r.KeyPrefix
+		if strings.ContainsAny(rc.KeyPrefix, "{}") {
+			errs.add("redis.key_prefix", "%q must not contain braces: they delimit the hash tag", rc.KeyPrefix)
+		}
+	}
+	return rc
+}
+
+func validatePlan(r rawPlan, path string, errs *Errors) Plan {
+	p := Plan{Limit: r.Limit, Burst: r.Burst}
+	if r.Limit < 1 || r.Limit > maxLimit {
+		errs.add(path+".limit", "%d must be between 1 and %d", r.Limit, int64(maxLimit))
+	}
+	if r.Window == "" {
+		errs.add(path+".window", "is required")
+	} else {
+		windowField(r.Window, path+".window", &p.Window, errs)
+	}
+	if r.Burst < 0 || r.Burst > maxLimit {
+		errs.add(path+".burst", "%d must be between 1 and %d", r.Burst, int64(maxLimit))
+	}
+	return p
+}
+
+func validateClients(r *rawClients, plans map[string]Plan, errs *Errors, warnings *[]string) Clients {
+	c := Clients{Header: DefaultKeyHeader, Bearer: true, Strip: true}
+	if r.Header != "" {
+		c.Header = strings.ToLower(r.Header)
+		if !headerName.MatchString(r.Header) || strings.HasPrefix(r.Header, ":") {
+			errs.add("clients.header", "%q is not a header name", r.Header)
+		}
+		if c.Header == "authorization" {
+			errs.add("clients.header", "use bearer: true to read keys from authorization")
+		}
+	}
+	if r.Bearer != nil {
+		c.Bearer = *r.Bearer
+	}
+	if r.Strip != nil {
+		c.Strip = *r.Strip
+	}
+	ids := map[string]int{}
+	digests := map[[32]byte]int{}
+	for i, k := range r.Keys {
+		path := fmt.Sprintf("clients.keys[%d]", i)
+		cl := Client{ID: k.ID, Plan: k.Plan}
+		switch {
+		case k.ID == "":
+			errs.add(path+".id", "is required")
+		case !policyName.MatchString(k.ID):
+			errs.add(path+".id", "%q must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit", k.ID)
+		}
+		if prev, dup := ids[k.ID]; dup && k.ID != "" {
+			errs.add(path+".id", "%q is already used by clients.keys[%d]", k.ID, prev)
+		}
+		ids[k.ID] = i
+		switch {
+		case k.SHA256 != "" && k.Key != "":
+			errs.add(path, "give sha256 or key, not both")
+		case k.SHA256 != "":
+			if !hexDigest.MatchString(k.SHA256) {
+				errs.add(path+".sha256", "must be 64 hex digits (from `extauthz hash-key`)")
+			} else {
+				b, _ := hex.DecodeString(k.SHA256)
+				copy(cl.Digest[:], b)
+			}
+		case k.Key != "":
+			cl.Digest = sha256.Sum256([]byte(k.Key))
+			cl.Plaintext = true
+			*warnings = append(*warnings, fmt.Sprintf("%s.key: plaintext key for client %q; store its sha256 instead (extauthz hash-key)", path, k.ID))
+		default:
+			errs.add(path, "needs sha256 (or key, for demos)")
+		}
+		if cl.Digest != ([32]byte{}) {
+			if prev, dup := digests[cl.Digest]; dup {
+				errs.add(path, "has the same key as clients.keys[%d]", prev)
+			}
+			digests[cl.Digest] = i
+		}
+		if k.Plan != "" {
+			if _, ok := plans[k.Plan]; !ok {
+				errs.add(path+".plan", "%q is not defined under plans%s", k.Plan, choices(plans))
+			}
+		}
+		c.Keys = append(c.Keys, cl)
+	}
+	return c
+}
+
+func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
+	p := Policy{
+		Name:         r.Name,
+		Burst:        r.Burst,
+		Mode:         c.DefaultMode,
+		OnRedisError: OnErrorFallback,
+		OnMissingKey: MissingAnonymous,
+		Shadow:       r.Shadow,
+	}
+	switch {
+	case r.Name == "":
+		errs.add(path+".name", "is required")
+	case !policyName.MatchString(r.Name):
+		errs.add(path+".name", "%q must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit", r.Name)
+	}
+
+	p.Match = validateMatch(&r.Match, path+".match", errs)
+
+	if len(r.Key) > maxPolicyKeyParts {
+		errs.add(path+".key", "has %d parts; at most %d", len(r.Key), maxPolicyKeyParts)
+	}
+	seen := map[string]bool{}
+	for i, k := range r.Key {
+		kp, err := parseKeyPart(k)
+		if err != nil {
+			errs.add(fmt.Sprintf("%s.key[%d]", path, i), "%q %s", k, err)
+			continue
+		}
+		if seen[kp.String()] {
+			errs.add(fmt.Sprintf("%s.key[%d]", path, i), "%q is listed twice", k)
+		}
+		seen[kp.String()] = true
+		p.Key = append(p.Key, kp)
+	}
+
+	switch r.Limit {
+	case "":
+		errs.add(path+".limit", "is required (a number, or plan)")
+	case "plan":
+		p.UsePlan = true
+		if r.Window != "" {
+			errs.add(path+".window", "comes from the plan when limit is plan; remove it")
+		}
+		if r.Burst != 0 {
+			errs.add(path+".burst", "comes from the plan when limit is plan; set it there")
+		}
+	default:
+		n, err := strconv.ParseInt(r.Limit, 10, 64)
+		if err != nil || n < 1 || n > maxLimit {
+			errs.add(path+".limit", "%q must be an integer between 1 and %d, or plan", r.Limit, int64(maxLimit))
+		}
+		p.Limit = n
+		if r.Window == "" {
+			errs.add(path+".window", "is required")
+		} else {
+			windowField(r.Window, path+".window", &p.Window, errs)
+		}
+	}
+	if r.Burst < 0 || r.Burst > maxLimit {
+		errs.add(path+".burst", "%d must be between 1 and %d", r.Burst, int64(maxLimit))
+	}
+
+	p.Algorithm = quota.TokenBucket
+	if r.Algorithm != "" {
+		a, ok := quota.ParseAlgorithm(r.Algorithm)
+		if !ok {
+			errs.add(path+".algorithm", "%q is not an algorithm; choices are %s", r.Algorithm, strings.Join(quota.AlgorithmNames(), ", "))
+		}
+		p.Algorithm = a
+	}
+	if p.Algorithm != quota.TokenBucket {
+		if r.Burst != 0 {
+			errs.add(path+".burst", "applies to token_bucket only, not %s", p.Algorithm)
+		}
+		if !supportedAlgorithm(p.Algorithm) {
+			errs.add(path+".algorithm", "%s is not available in this build yet; use token_bucket", p.Algorithm)
+		}
+	}
+
+	if r.Mode != "" {
+		m, ok := parseMode(r.Mode)
+		if !ok {
+			errs.add(path+".mode", "%q is not a mode; choices are local, redis, hybrid", r.Mode)
+		}
+		p.Mode = m
+	}
+	if p.Mode != ModeLocal && p.Mode != "" && c.Redis == nil {
+		errs.add(path+".mode", "%q needs a redis section", p.Mode)
+	}
+
+	if r.OnRedisError != "" {
+		switch v := OnRedisError(r.OnRedisError); v {
+		case OnErrorFallback, OnErrorAllow, OnErrorDeny:
+			p.OnRedisError = v
+		default:
+			errs.add(path+".on_redis_error", "%q is not a choice; choices are fallback, allow, deny", r.OnRedisError)
+		}
+	}
+	if r.OnMissingKey != "" {
+		switch v := OnMissingKey(r.OnMissingKey); v {
+		case MissingAnonymous, MissingReject:
+			p.OnMissingKey = v
+		default:
+			errs.add(path+".on_missing_key", "%q is not a choice; choices are anonymous, reject", r.OnMissingKey)
+		}
+	}
+
+	if p.UsePlan {
+		// Callers without a plan of their own use plans.default; say so
+		// now rather than failing requests later.
+		_, hasDefault := c.Plans[DefaultPlan]
+		if !hasDefault {
+			if p.OnMissingKey == MissingAnonymous || !hasPart(p.Key, KeyClient) {
+				errs.add(path+".limit", "plan needs plans.%s for callers without a client plan (or key: [client] with on_missing_key: reject)", DefaultPlan)
+			} else {
+				for i, k := range c.Clients.Keys {
+					if k.Plan == "" {
+						errs.add(path+".limit", "plan needs plans.%s: clients.keys[%d] (%q) has no plan", DefaultPlan, i, k.ID)
+						break
+					}
+				}
+			}
+		}
+	}
+	return p
+}
+
+func hasPart(parts []KeyPart, kind KeyKind) bool {
+	for _, k := range parts {
+		if k.Kind == kind {
+			return true
+		}
+	}
+	return false
+}
+
+func validateMatch(r *rawMatch, path string, errs *Errors) Match {
+	m := Match{PathPrefix: r.PathPrefix, Context: r.Context}
+	if r.PathPrefix != "" && !strings.HasPrefix(r.PathPrefix, "/") {
+		errs.add(path+".path_prefix", "%q must start with /", r.PathPrefix)
+	}
+	for i, meth := range r.Methods {
+		if !httpMethod.MatchString(meth) {
+			errs.add(fmt.Sprintf("%s.methods[%d]", path, i), "%q is not an HTTP method", meth)
+		}
+		m.Methods = append(m.Methods, strings.ToUpper(meth))
+	}
+	for i, h := range r.Hosts {
+		h = strings.ToLower(h)
+		if h == "" || strings.ContainsAny(h, "/ ") || strings.Contains(h[1:], "*") || (h[0] == '*' && !strings.HasPrefix(h, "*.")) {
+			errs.add(fmt.Sprintf("%s.hosts[%d]", path, i), "%q is not a host name (a leading *. matches subdomains)", r.Hosts[i])
+		}
+		m.Hosts = append(m.Hosts, h)
+	}
+	return m
+}
+
+func parseKeyPart(s string) (KeyPart, error) {
+	kind, name, hasName := strings.Cut(s, ":")
+	switch KeyKind(kind) {
+	case KeyClient, KeyIP, KeyPrincipal, KeyPath:
+		if hasName {
+			return KeyPart{}, fmt.Errorf("takes no name")
+		}
+		return KeyPart{Kind: KeyKind(kind)}, nil
+	case KeyHeader:
+		if !headerName.MatchString(name) {
+			return KeyPart{}, fmt.Errorf("needs a header name: header:NAME")
+		}
+		return KeyPart{Kind: KeyHeader, Name: strings.ToLower(name)}, nil
+	case KeyClaim:
+		if name == "" {
+			return KeyPart{}, fmt.Errorf("needs a claim name: claim:NAME")
+		}
+		return KeyPart{Kind: KeyClaim, Name: name}, nil
+	}
+	return KeyPart{}, fmt.Errorf("is not a key source; choices are client, ip, header:NAME, claim:NAME, principal, path")
+}
+
+func parseMode(s string) (Mode, bool) {
+	switch m := Mode(s); m {
+	case ModeLocal, ModeRedis, ModeHybrid:
+		return m, true
+	}
+	return "", false
+}
+
+// durationField parses s into *d when s is given; a missing value keeps the default.
+func durationField(s, path string, d *time.Duration, errs *Errors) {
+	if s == "" {
+		return
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		errs.add(path, "%q is not a duration (like 250ms, 1s, 1m)", s)
+		return
+	}
+	if v <= 0 {
+		errs.add(path, "%q must be positive", s)
+		return
+	}
+	*d = v
+}
+
+func windowField(s, path string, d *time.Duration, errs *Errors) {
+	var v time.Duration
+	durationField(s, path, &v, errs)
+	if v == 0 {
+		return
+	}
+	if v < minWindow || v > maxWindow {
+		errs.add(path, "%q must be between %s and %s", s, minWindow, maxWindow)
+		return
+	}
+	*d = v
+}
+
+func choices[V any](m map[string]V) string {
+	if len(m) == 0 {
+		return " (none are defined)"
+	}
+	return "; choices are " + strings.Join(sortedKeys(m), ", ")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// supportedAlgorithm reports whether this build enforces a.
+func supportedAlgorithm(a quota.Algorithm) bool { return a == quota.TokenBucket }

@@ -1,0 +1,111 @@
+// Package identity turns verified request attributes into caller identities:
+// API keys matched by SHA-256 digest, bearer credentials, and the client IP
+// taken from x-forwarded-for behind a known number of trusted proxies.
+package identity
+
+import (
+	"crypto/sha256"
+	"net/netip"
+	"strings"
+)
+
+// Client is a known API key holder.
+type Client struct {
+	ID   string
+	Plan string // "" when none
+}
+
+// Keyring finds clients by API key. Keys are never held in the clear: the
+// presented key is hashed and the digest looked up. Safe for concurrent use
+// once built.
+type Keyring struct {
+	byDigest map[[32]byte]*Client
+}
+
+// NewKeyring returns an empty keyring sized for n keys.
+func NewKeyring(n int) *Keyring {
+	return &Keyring{byDigest: make(map[[32]byte]*Client, n)}
+}
+
+// Add registers the client whose key hashes to digest.
+func (k *Keyring) Add(digest [32]byte, c Client) {
+	k.byDigest[digest] = &c
+}
+
+// Len returns the number of known keys.
+func (k *Keyring) Len() int { return len(k.byDigest) }
+
+// Lookup returns the client holding key, or nil. The map lookup compares
+// digests, not keys, so its timing reveals nothing useful about a key.
+func (k *Keyring) Lookup(key string) *Client {
+	return k.byDigest[sha256.Sum256([]byte(key))]
+}
+
+// Bearer returns the credential of an RFC 6750 "Bearer" authorization
+// header value, and whether there was one. The scheme is case-insensitive.
+func Bearer(authorization string) (string, bool) {
+	const scheme = "bearer"
+	if len(authorization) <= len(scheme) || !strings.EqualFold(authorization[:len(scheme)], scheme) {
+		return "", false
+	}
+	rest := authorization[len(scheme):]
+	if rest[0] != ' ' && rest[0] != '\t' {
+		return "", false
+	}
+	cred := strings.TrimLeft(rest, " \t")
+	cred = strings.TrimRight(cred, " \t")
+	if cred == "" || strings.ContainsAny(cred, " \t") {
+		return "", false
+	}
+	return cred, true
+}
+
+// ClientIP returns the caller's address in canonical form. With hops == 0
+// it is the peer address Envoy saw. With hops > 0 it is the x-forwarded-for
+// entry that many places from the right: the address the outermost trusted
+// proxy received the request from. When the header has fewer entries or the
+// entry is not an IP, the peer address is used, never a value the client
+// could have chosen. It returns "" when no address is known.
+func ClientIP(peer, xff string, hops int) string {
+	if hops > 0 && xff != "" {
+		if ip, ok := nthFromRight(xff, hops); ok {
+			return ip
+		}
+	}
+	return canonicalIP(peer)
+}
+
+func nthFromRight(xff string, n int) (string, bool) {
+	end := len(xff)
+	for i := 1; ; i++ {
+		start := strings.LastIndexByte(xff[:end], ',') + 1
+		if i == n {
+			return parseIP(strings.TrimSpace(xff[start:end]))
+		}
+		if start == 0 {
+			return "", false
+		}
+		end = start - 1
+	}
+}
+
+func canonicalIP(s string) string {
+	ip, _ := parseIP(s)
+	return ip
+}
+
+func parseIP(s string) (string, bool) {
+	if s == "" {
+		return "", false
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		// x-forwarded-for entries sometimes carry a port.
+		ap, err2 := netip.ParseAddrPort(s)
+		if err2 != nil {
+			return "", false
+		}
+		a = ap.Addr()
+	}
+	return a.Unmap().WithZone("").String(), true
+}

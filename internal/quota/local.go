@@ -1,0 +1,63 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/extauthz/extauthz/internal/localcache"
+)
+
+// Local keeps counts in this process. Each replica counts alone, so N
+// replicas together admit up to N times the limit. Memory is bounded by the
+// cache: an evicted key starts again from a full bucket.
+type Local struct {
+	cache *localcache.Cache[*Entry]
+}
+
+var _ Limiter = (*Local)(nil)
+
+// Entry is the per-key state kept in the local cache. Its fields are guarded
+// by the lock of the cache shard that holds it.
+type Entry struct {
+	alg Algorithm
+	tat int64 // token bucket: unix ns at which the bucket is full
+}
+
+// NewCache returns the bounded cache of per-key state shared by the local
+// limiter and, later, the leased slices of hybrid mode.
+func NewCache(maxKeys int) (*localcache.Cache[*Entry], error) {
+	return localcache.New[*Entry](maxKeys, nil)
+}
+
+// NewLocal returns a limiter that keeps its state in cache.
+func NewLocal(cache *localcache.Cache[*Entry]) *Local {
+	return &Local{cache: cache}
+}
+
+// Take implements Limiter.
+func (s *Local) Take(_ context.Context, key string, l Limit, now time.Time) (Decision, error) {
+	if l.Algorithm != TokenBucket {
+		return Decision{}, fmt.Errorf("quota: algorithm %s is not supported in local mode", l.Algorithm)
+	}
+	sh := s.cache.Lock(key)
+	e, ok := sh.Get(key)
+	if !ok || e.alg != l.Algorithm {
+		e = &Entry{alg: l.Algorithm}
+		sh.Add(key, e)
+	}
+	var d Decision
+	e.tat, d = tokenBucketTake(e.tat, now.UnixNano(), l)
+	sh.Unlock()
+	return d, nil
+}
+
+// Refund implements Limiter.
+func (s *Local) Refund(_ context.Context, key string, l Limit, now time.Time) error {
+	sh := s.cache.Lock(key)
+	if e, ok := sh.Get(key); ok && e.alg == l.Algorithm {
+		e.tat = tokenBucketRefund(e.tat, now.UnixNano(), l)
+	}
+	sh.Unlock()
+	return nil
+}

@@ -1,0 +1,104 @@
+// Package quota decides whether a unit of work fits a rate limit. It holds
+// the algorithms and the places counts live (this process, Redis, or leased
+// slices of a Redis bucket), and knows nothing of Envoy or HTTP.
+//
+// Every call takes the decision instant `now` from the caller: algorithms
+// never read the clock, so tests drive them with fixed instants.
+package quota
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Algorithm names how a limit is enforced.
+type Algorithm uint8
+
+// The algorithms, in the order the configuration lists them.
+const (
+	TokenBucket Algorithm = iota
+	SlidingWindow
+	FixedWindow
+	SlidingLog
+	LeakyBucket
+)
+
+var algorithmNames = [...]string{"token_bucket", "sliding_window", "fixed_window", "sliding_log", "leaky_bucket"}
+
+func (a Algorithm) String() string {
+	if int(a) < len(algorithmNames) {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm maps a configuration name to an Algorithm.
+func ParseAlgorithm(s string) (Algorithm, bool) {
+	for i, n := range algorithmNames {
+		if n == s {
+			return Algorithm(i), true
+		}
+	}
+	return 0, false
+}
+
+// AlgorithmNames lists the accepted configuration names.
+func AlgorithmNames() []string { return append([]string(nil), algorithmNames[:]...) }
+
+// Limit describes one rate limit: Limit units per Window.
+type Limit struct {
+	Algorithm Algorithm
+	Limit     int64         // units admitted per Window; at least 1
+	Window    time.Duration // at least 1ms
+	// Burst is the token bucket's capacity: how many units may be spent at
+	// once after a quiet period. Zero means Limit.
+	Burst int64
+}
+
+// Capacity returns the bucket capacity: Burst, or Limit when Burst is zero.
+func (l Limit) Capacity() int64 {
+	if l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Limit
+}
+
+// Interval returns how long one unit takes to refill (Window / Limit),
+// in nanoseconds, at least 1.
+func (l Limit) Interval() int64 {
+	iv := int64(l.Window) / l.Limit
+	if iv < 1 {
+		return 1
+	}
+	return iv
+}
+
+// Decision is the outcome of asking for one unit.
+type Decision struct {
+	Allowed bool
+	// Limit is the quota advertised to clients (RateLimit-Policy q): the
+	// limit's units per window.
+	Limit int64
+	// Remaining is how many more units would be admitted right now, after
+	// this decision. For example, 99 after the first unit of a full bucket
+	// of 100.
+	Remaining int64
+	// RetryAfter is the wait until one unit is available: 0 when Allowed.
+	RetryAfter time.Duration
+	// ResetAfter is the wait until the quota is fully restored: the bucket
+	// full again, or the window over.
+	ResetAfter time.Duration
+}
+
+// Limiter decides for one partition key at a time. Implementations are safe
+// for concurrent use.
+type Limiter interface {
+	// Take asks for one unit of key under l at now. An error means the
+	// decision could not be made (for a Redis-backed limiter, the store was
+	// unreachable); the Decision is then meaningless.
+	Take(ctx context.Context, key string, l Limit, now time.Time) (Decision, error)
+	// Refund gives back one unit that Take admitted for key, because another
+	// policy denied the same request. It is best effort.
+	Refund(ctx context.Context, key string, l Limit, now time.Time) error
+}

@@ -1,0 +1,36 @@
+package quota
+
+import "time"
+
+// The token bucket is kept as GCRA (the generic cell rate algorithm): its
+// whole state is one instant, tat, at which the bucket will be full again.
+// A bucket of capacity C refilling one unit every T holds
+// (C*T - (tat-now)) / T tokens; taking a unit pushes tat forward by T. One
+// integer per key, no floating point, and exact at the nanosecond.
+
+// tokenBucketTake asks for one unit of a bucket whose state is tat (unix
+// nanoseconds; zero is a full bucket) at now, and returns the new state.
+func tokenBucketTake(tat, now int64, l Limit) (int64, Decision) {
+	iv := l.Interval()
+	capacity := l.Capacity()
+	tau := capacity * iv // time a full bucket takes to refill from empty
+	base := max(tat, now)
+	next := base + iv
+	d := Decision{Limit: l.Limit}
+	if next-now <= tau {
+		d.Allowed = true
+		d.Remaining = (tau - (next - now)) / iv
+		d.ResetAfter = time.Duration(next - now)
+		return next, d
+	}
+	d.Remaining = (tau - (base - now)) / iv
+	d.RetryAfter = time.Duration(next - now - tau)
+	d.ResetAfter = time.Duration(base - now)
+	return tat, d
+}
+
+// tokenBucketRefund gives one unit back: tat moves back by one interval,
+// never below now (a bucket cannot hold more than its capacity).
+func tokenBucketRefund(tat, now int64, l Limit) int64 {
+	return max(tat-l.Interval(), now)
+}
