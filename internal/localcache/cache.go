@@ -41,7 +41,7 @@ type Shard[V any] struct {
 	mu       sync.Mutex // guards lru, removing and every value stored in lru
 	lru      *simplelru.LRU[string, V]
 	removing bool     // set while Remove runs: simplelru reports removals as evictions
-	_        [40]byte // keep neighbouring shards' mutexes off one cache line
+	_        [104]byte // 128 bytes a shard: neighbouring mutexes never share a cache line
 }
 
 // New returns a cache holding at most maxKeys entries. onEvict, if not nil,

@@ -22,6 +22,7 @@ var _ Limiter = (*Local)(nil)
 type Entry struct {
 	alg Algorithm
 	tat int64 // token bucket: unix ns at which the bucket is full
+	iv  int64 // token bucket: the refill interval tat was computed with
 }
 
 // NewCache returns the bounded cache of per-key state shared by the local
@@ -46,8 +47,12 @@ func (s *Local) Take(_ context.Context, key string, l Limit, now time.Time) (Dec
 		e = &Entry{alg: l.Algorithm}
 		sh.Add(key, e)
 	}
+	ns := now.UnixNano()
+	if iv := l.Interval(); iv != e.iv {
+		e.tat, e.iv = tokenBucketRescale(e.tat, ns, e.iv, iv), iv
+	}
 	var d Decision
-	e.tat, d = tokenBucketTake(e.tat, now.UnixNano(), l)
+	e.tat, d = tokenBucketTake(e.tat, ns, l)
 	sh.Unlock()
 	return d, nil
 }

@@ -34,3 +34,15 @@ func tokenBucketTake(tat, now int64, l Limit) (int64, Decision) {
 func tokenBucketRefund(tat, now int64, l Limit) int64 {
 	return max(tat-l.Interval(), now)
 }
+
+// tokenBucketRescale converts a bucket's state kept at interval oldIv to
+// newIv when a reload changes the limit, keeping the number of tokens in
+// use, not the time they take to refill: raising a limit from 2 to 3 per
+// minute after two requests leaves one token, as an operator expects.
+func tokenBucketRescale(tat, now, oldIv, newIv int64) int64 {
+	if tat <= now || oldIv == newIv || oldIv == 0 {
+		return tat
+	}
+	used := float64(tat-now) / float64(oldIv)
+	return now + int64(used*float64(newIv))
+}

@@ -1,0 +1,138 @@
+package config
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/extauthz/extauthz/internal/quota"
+)
+
+// Each file under testdata/bad holds one mistake and, on its first line,
+// the exact message it must produce: "# want: <path>: <reason>".
+func TestBadFiles(t *testing.T) {
+	files, err := filepath.Glob("testdata/bad/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no test files: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			want := wantLine(t, f)
+			_, err := Load(f)
+			if err == nil {
+				t.Fatalf("Load succeeded; want error %q", want)
+			}
+			for _, line := range strings.Split(err.Error(), "\n") {
+				if line == f+": "+want {
+					return
+				}
+			}
+			t.Fatalf("error:\n%v\nwant a line:\n%s: %s", err, f, want)
+		})
+	}
+}
+
+func wantLine(t *testing.T, path string) string {
+	t.Helper()
+	fh, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	sc := bufio.NewScanner(fh)
+	sc.Scan()
+	want, ok := strings.CutPrefix(sc.Text(), "# want: ")
+	if !ok {
+		t.Fatalf("%s: first line must be '# want: ...'", path)
+	}
+	return want
+}
+
+func TestFullExample(t *testing.T) {
+	t.Setenv("REDIS_PASSWORD", "not-read-by-validation")
+	c, err := Load("testdata/full.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Redis == nil || c.Redis.Timeout != 20*time.Millisecond || c.Redis.KeyPrefix != "rl:" || len(c.Redis.Addrs) != 1 {
+		t.Fatalf("redis = %+v", c.Redis)
+	}
+	if c.DefaultMode != ModeHybrid || c.Local.MaxKeys != 100000 || c.Local.SliceIdle != time.Second {
+		t.Fatalf("mode/local = %v %+v", c.DefaultMode, c.Local)
+	}
+	if c.Fallback.PeerTTL != 15*time.Second || c.Fallback.MinPeers != 1 {
+		t.Fatalf("fallback = %+v", c.Fallback)
+	}
+	if len(c.Clients.Keys) != 2 || !c.Clients.Keys[1].Plaintext || c.Clients.Keys[0].Plan != "enterprise" {
+		t.Fatalf("clients = %+v", c.Clients)
+	}
+	if len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "plaintext key for client \"demo\"") {
+		t.Fatalf("warnings = %q", c.Warnings)
+	}
+	p := c.Policies[0]
+	if p.Name != "orders" || p.Limit != 100 || p.Window != time.Minute || p.Burst != 100 ||
+		p.Algorithm != quota.TokenBucket || p.Mode != ModeHybrid || p.OnRedisError != OnErrorFallback ||
+		p.OnMissingKey != MissingAnonymous || p.Shadow {
+		t.Fatalf("policy = %+v", p)
+	}
+	if p.Match.PathPrefix != "/orders" || p.Match.Methods[0] != "POST" || p.Match.Hosts[0] != "api.example.com" || p.Match.Context["route"] != "orders" {
+		t.Fatalf("match = %+v", p.Match)
+	}
+	if len(p.Key) != 1 || p.Key[0].Kind != KeyClient {
+		t.Fatalf("key = %+v", p.Key)
+	}
+	pp := c.Policies[1]
+	if !pp.UsePlan || len(pp.Key) != 2 || pp.Key[1] != (KeyPart{Kind: KeyHeader, Name: "x-tenant"}) {
+		t.Fatalf("plan policy = %+v", pp)
+	}
+	if plan, ok := c.PlanFor("enterprise"); !ok || plan.Limit != 1000 {
+		t.Fatalf("PlanFor(enterprise) = %+v %v", plan, ok)
+	}
+	if plan, ok := c.PlanFor(""); !ok || plan.Limit != 10 {
+		t.Fatalf("PlanFor(\"\") = %+v %v, want plans.default", plan, ok)
+	}
+}
+
+func TestDefaultsAndEmbedded(t *testing.T) {
+	c, err := Parse([]byte("{}"), "empty")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen.GRPC != DefaultGRPC || c.Listen.Admin != DefaultAdmin || c.DefaultMode != ModeLocal ||
+		c.Clients.Header != "x-api-key" || !c.Clients.Strip || !c.Clients.Bearer || c.Redis != nil {
+		t.Fatalf("defaults = %+v", c)
+	}
+	d := Default()
+	if d.Source != EmbeddedSource || d.Redis != nil || len(d.Policies) == 0 || len(d.Warnings) != 0 {
+		t.Fatalf("embedded default = %+v", d)
+	}
+	for _, p := range d.Policies {
+		if p.Mode != ModeLocal {
+			t.Fatalf("embedded policy %s is %s, want local", p.Name, p.Mode)
+		}
+	}
+}
+
+func TestKeyShorthand(t *testing.T) {
+	c, err := Parse([]byte("policies:\n  - {name: a, limit: 1, window: 1s, key: ip}\n"), "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Policies[0].Key) != 1 || c.Policies[0].Key[0].Kind != KeyIP {
+		t.Fatalf("key: ip should be a list of one, got %+v", c.Policies[0].Key)
+	}
+}
+
+func TestAllErrorsReported(t *testing.T) {
+	_, err := Parse([]byte("policies:\n  - {name: a, limit: x, window: 1s}\n  - {name: b, limit: 1, window: y}\n"), "two.yaml")
+	if err == nil {
+		t.Fatal("want errors")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "two.yaml: policies[0].limit:") || !strings.HasPrefix(lines[1], "two.yaml: policies[1].window:") {
+		t.Fatalf("got %q", lines)
+	}
+}

@@ -1,0 +1,144 @@
+package localcache
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+func TestBoundNeverExceeded(t *testing.T) {
+	for _, bound := range []int{1, 7, 1000, 10_000, 100_000} {
+		c, err := New[int](bound, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Bound() != bound {
+			t.Fatalf("Bound() = %d, want %d", c.Bound(), bound)
+		}
+		for i := 0; i < 3*bound+100; i++ {
+			k := strconv.Itoa(i)
+			s := c.Lock(k)
+			s.Add(k, i)
+			s.Unlock()
+			if i%97 == 0 && c.Len() > bound {
+				t.Fatalf("bound %d: Len() = %d after %d adds", bound, c.Len(), i+1)
+			}
+		}
+		if n := c.Len(); n > bound || n < bound*9/10 {
+			t.Fatalf("bound %d: Len() = %d, want at most the bound and close to it", bound, n)
+		}
+		if c.Evictions() == 0 {
+			t.Fatalf("bound %d: no evictions counted", bound)
+		}
+	}
+}
+
+func TestEvictionCallbackAndDelete(t *testing.T) {
+	var evicted []string
+	c, err := NewSharded[int](2, 1, func(k string, v int) { evicted = append(evicted, fmt.Sprintf("%s=%d", k, v)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(k string, v int) {
+		s := c.Lock(k)
+		s.Add(k, v)
+		s.Unlock()
+	}
+	put("a", 1)
+	put("b", 2)
+	s := c.Lock("a")
+	if v, ok := s.Get("a"); !ok || v != 1 { // a becomes most recently used
+		t.Fatalf("Get(a) = %d, %v", v, ok)
+	}
+	s.Unlock()
+	put("c", 3) // evicts b, the least recently used
+	if len(evicted) != 1 || evicted[0] != "b=2" {
+		t.Fatalf("evicted %v, want [b=2]", evicted)
+	}
+	if !c.Remove("a") || c.Remove("a") {
+		t.Fatal("Remove(a) should report true once")
+	}
+	if len(evicted) != 1 || c.Evictions() != 1 {
+		t.Fatalf("Remove was reported as an eviction: %v, count %d", evicted, c.Evictions())
+	}
+	var keys []string
+	c.Range(func(k string, v int) { keys = append(keys, k) })
+	if len(keys) != 1 || keys[0] != "c" {
+		t.Fatalf("Range saw %v, want [c]", keys)
+	}
+}
+
+func TestInvalidSizes(t *testing.T) {
+	if _, err := New[int](0, nil); err == nil {
+		t.Fatal("New(0) should fail")
+	}
+	if _, err := NewSharded[int](10, 3, nil); err == nil {
+		t.Fatal("3 shards should fail: not a power of two")
+	}
+	if _, err := NewSharded[int](2, 4, nil); err == nil {
+		t.Fatal("more shards than keys should fail")
+	}
+}
+
+func TestConcurrentUse(t *testing.T) {
+	c, _ := New[*int](5000, nil)
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 5000; i++ {
+				k := strconv.Itoa(i % 3000)
+				s := c.Lock(k)
+				v, ok := s.Get(k)
+				if !ok {
+					v = new(int)
+					s.Add(k, v)
+				}
+				*v++
+				s.Unlock()
+			}
+		}(g)
+	}
+	wg.Wait()
+	total := 0
+	c.Range(func(_ string, v *int) { total += *v })
+	if total != 8*5000 {
+		t.Fatalf("counted %d increments, want %d", total, 8*5000)
+	}
+}
+
+// BenchmarkShards compares one shard with the default layout under parallel
+// load on a spread of keys: the case for sharding.
+func BenchmarkShards(b *testing.B) {
+	keys := make([]string, 4096)
+	for i := range keys {
+		keys[i] = "orders:client:" + strconv.Itoa(i)
+	}
+	for _, shards := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("shards=%d", shards), func(b *testing.B) {
+			c, _ := NewSharded[*int](100_000, shards, nil)
+			b.ReportAllocs()
+			var next atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				// Each goroutine walks the keys from its own offset, so
+				// they do not move through the shards in lockstep.
+				i := int(next.Add(1) * 1021)
+				for pb.Next() {
+					k := keys[i&4095]
+					i++
+					s := c.Lock(k)
+					v, ok := s.Get(k)
+					if !ok {
+						v = new(int)
+						s.Add(k, v)
+					}
+					*v++
+					s.Unlock()
+				}
+			})
+		})
+	}
+}

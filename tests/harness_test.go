@@ -1,0 +1,281 @@
+package tests
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// binary is the extauthz executable built once for the whole package, with
+// the race detector when the tests run with it. fastBinary is built without
+// it, for the volume tests whose point is memory and bounds, not races.
+var binary, fastBinary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "extauthz-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "extauthz")
+	fastBinary = binary
+	builds := [][]string{{"build", "-o", binary}}
+	if raceEnabled {
+		builds[0] = append(builds[0], "-race")
+		fastBinary = filepath.Join(dir, "extauthz-norace")
+		builds = append(builds, []string{"build", "-o", fastBinary})
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(builds))
+	for i, args := range builds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := exec.Command("go", append(args, "../cmd/extauthz")...)
+			cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+			errs[i] = cmd.Run()
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "building extauthz:", err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// sidecar is one running extauthz process.
+type sidecar struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	GRPC   string // host:port
+	Admin  string // host:port
+	Client authv3.AuthorizationClient
+	conn   *grpc.ClientConn
+	config string // path of its configuration file
+	logs   *logBuffer
+	done   chan error
+}
+
+// logBuffer keeps a process's log for failure reports.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// startSidecar writes cfg to a file and runs `extauthz serve` on it. The
+// listen section is added: gRPC and admin on 127.0.0.1 with ports the
+// kernel picks, read back from the start-up log.
+func startSidecar(t *testing.T, cfg string, extraArgs ...string) *sidecar {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "extauthz.yaml")
+	if !strings.Contains(cfg, "listen:") {
+		cfg = "listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0}\n" + cfg
+	}
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return startSidecarFile(t, path, nil, extraArgs...)
+}
+
+func startSidecarFile(t *testing.T, path string, env []string, extraArgs ...string) *sidecar {
+	t.Helper()
+	return startProcess(t, binary, path, env, extraArgs...)
+}
+
+// startFastSidecar is startSidecar with the binary built without the race
+// detector, for volume tests.
+func startFastSidecar(t *testing.T, cfg string) *sidecar {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "extauthz.yaml")
+	if err := os.WriteFile(path, []byte("listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0}\n"+cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return startProcess(t, fastBinary, path, nil)
+}
+
+func startProcess(t *testing.T, bin, path string, env []string, extraArgs ...string) *sidecar {
+	t.Helper()
+	s := &sidecar{t: t, config: path, logs: &logBuffer{}, done: make(chan error, 1)}
+	args := append([]string{"serve", "-config", path, "-log-format", "json"}, extraArgs...)
+	s.cmd = exec.Command(bin, args...)
+	s.cmd.Env = append(os.Environ(), env...)
+	stderr, err := s.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan map[string]any, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		sent := false
+		for sc.Scan() {
+			line := sc.Bytes()
+			s.logs.Write(append(line, '\n'))
+			if !sent {
+				var rec map[string]any
+				if json.Unmarshal(line, &rec) == nil && rec["msg"] == "serving" {
+					ready <- rec
+					sent = true
+				}
+			}
+		}
+		io.Copy(io.Discard, stderr)
+		s.done <- s.cmd.Wait()
+		close(ready)
+	}()
+	select {
+	case rec, ok := <-ready:
+		if !ok {
+			t.Fatalf("extauthz exited before serving:\n%s", s.logs)
+		}
+		s.GRPC, _ = rec["grpc"].(string)
+		s.Admin, _ = rec["admin"].(string)
+	case <-time.After(30 * time.Second):
+		s.cmd.Process.Kill()
+		t.Fatalf("extauthz did not start within 30s:\n%s", s.logs)
+	}
+	s.conn, err = grpc.NewClient("passthrough:///"+s.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Client = authv3.NewAuthorizationClient(s.conn)
+	t.Cleanup(func() {
+		s.conn.Close()
+		s.stop()
+		if t.Failed() {
+			t.Logf("extauthz log (%s):\n%s", s.GRPC, tail(s.logs.String(), 40))
+		}
+	})
+	return s
+}
+
+// stop sends SIGTERM and waits for the process; it kills it after 15s.
+func (s *sidecar) stop() error {
+	if s.cmd.ProcessState != nil {
+		return nil
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-s.done:
+		s.done <- err
+		return err
+	case <-time.After(15 * time.Second):
+		s.cmd.Process.Kill()
+		return fmt.Errorf("extauthz did not stop within 15s")
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// metrics scrapes the admin endpoint.
+func (s *sidecar) metrics() map[string]*dto.MetricFamily {
+	s.t.Helper()
+	resp, err := http.Get("http://" + s.Admin + "/metrics")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mf, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return mf
+}
+
+// metric returns the value of the sample of family name whose labels
+// include every given name=value pair, summed over matching samples.
+func (s *sidecar) metric(name string, labels ...string) float64 {
+	s.t.Helper()
+	return sumMetric(s.metrics(), name, labels...)
+}
+
+func sumMetric(mfs map[string]*dto.MetricFamily, name string, labels ...string) float64 {
+	mf, ok := mfs[name]
+	if !ok {
+		return 0
+	}
+	var total float64
+outer:
+	for _, m := range mf.GetMetric() {
+		for i := 0; i+1 < len(labels); i += 2 {
+			found := false
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+					found = true
+				}
+			}
+			if !found {
+				continue outer
+			}
+		}
+		switch {
+		case m.GetCounter() != nil:
+			total += m.GetCounter().GetValue()
+		case m.GetGauge() != nil:
+			total += m.GetGauge().GetValue()
+		case m.GetUntyped() != nil:
+			total += m.GetUntyped().GetValue()
+		case m.GetHistogram() != nil:
+			total += float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return total
+}
+
+// check sends one request and fails the test on a gRPC error.
+func (s *sidecar) check(req *authv3.CheckRequest) *authv3.CheckResponse {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := s.Client.Check(ctx, req)
+	if err != nil {
+		s.t.Fatalf("Check: %v", err)
+	}
+	return resp
+}
