@@ -14,16 +14,16 @@ import (
 // that validation, which knows each field's path, reports bad values.
 
 type rawConfig struct {
-	Listen        rawListen            `yaml:"listen"`
-	Redis         *rawRedis            `yaml:"redis"`
-	DefaultMode   string               `yaml:"default_mode"`
-	Local         rawLocal             `yaml:"local"`
-	IPTrustedHops int                  `yaml:"ip_trusted_hops"`
-	Headers       rawHeaders           `yaml:"headers"`
-	Fallback      rawFallback          `yaml:"fallback"`
-	Clients       rawClients           `yaml:"clients"`
-	Plans         map[string]rawPlan   `yaml:"plans"`
-	Policies      []rawPolicy          `yaml:"policies"`
+	Listen        rawListen          `yaml:"listen"`
+	Redis         *rawRedis          `yaml:"redis"`
+	DefaultMode   string             `yaml:"default_mode"`
+	Local         rawLocal           `yaml:"local"`
+	IPTrustedHops int                `yaml:"ip_trusted_hops"`
+	Headers       rawHeaders         `yaml:"headers"`
+	Fallback      rawFallback        `yaml:"fallback"`
+	Clients       rawClients         `yaml:"clients"`
+	Plans         map[string]rawPlan `yaml:"plans"`
+	Policies      []rawPolicy        `yaml:"policies"`
 }
 
 type rawListen struct {

@@ -40,7 +40,7 @@ type Cache[V any] struct {
 type Shard[V any] struct {
 	mu       sync.Mutex // guards lru, removing and every value stored in lru
 	lru      *simplelru.LRU[string, V]
-	removing bool     // set while Remove runs: simplelru reports removals as evictions
+	removing bool      // set while Remove runs: simplelru reports removals as evictions
 	_        [104]byte // 128 bytes a shard: neighbouring mutexes never share a cache line
 }
 
