@@ -21,6 +21,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/extauthz/extauthz/internal/loadgen"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -30,6 +32,10 @@ import (
 // it, for the volume tests whose point is memory and bounds, not races.
 var binary, fastBinary string
 
+// loadgenBinary is tests/loadgen, always built without the race detector:
+// it measures rate-dependent behaviour at a realistic rate.
+var loadgenBinary string
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "extauthz-e2e-")
 	if err != nil {
@@ -38,11 +44,12 @@ func TestMain(m *testing.M) {
 	}
 	binary = filepath.Join(dir, "extauthz")
 	fastBinary = binary
-	builds := [][]string{{"build", "-o", binary}}
+	loadgenBinary = filepath.Join(dir, "loadgen")
+	builds := [][]string{{"build", "-o", binary, "../cmd/extauthz"}, {"build", "-o", loadgenBinary, "./loadgen"}}
 	if raceEnabled {
-		builds[0] = append(builds[0], "-race")
+		builds[0] = []string{"build", "-race", "-o", binary, "../cmd/extauthz"}
 		fastBinary = filepath.Join(dir, "extauthz-norace")
-		builds = append(builds, []string{"build", "-o", fastBinary})
+		builds = append(builds, []string{"build", "-o", fastBinary, "../cmd/extauthz"})
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(builds))
@@ -50,7 +57,7 @@ func TestMain(m *testing.M) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cmd := exec.Command("go", append(args, "../cmd/extauthz")...)
+			cmd := exec.Command("go", args...)
 			cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 			errs[i] = cmd.Run()
 		}()
@@ -266,6 +273,33 @@ outer:
 		}
 	}
 	return total
+}
+
+// runLoadgen drives the replicas with tests/loadgen (built without the race
+// detector) and returns its summary. args are further loadgen flags.
+func runLoadgen(t *testing.T, replicas []*sidecar, n, workers int, args ...string) loadgen.Result {
+	t.Helper()
+	targets := make([]string, len(replicas))
+	for i, r := range replicas {
+		targets[i] = r.GRPC
+	}
+	all := append([]string{"-targets", strings.Join(targets, ","), "-n", fmt.Sprint(n), "-c", fmt.Sprint(workers)}, args...)
+	out, err := exec.Command(loadgenBinary, all...).Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("loadgen %v: %v\n%s", all, err, stderr)
+	}
+	var res loadgen.Result
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("loadgen output %q: %v", out, err)
+	}
+	if res.GRPCErrors > 0 {
+		t.Fatalf("loadgen saw %d gRPC errors; first: %s", res.GRPCErrors, res.FirstError)
+	}
+	return res
 }
 
 // check sends one request and fails the test on a gRPC error.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -118,6 +119,7 @@ type sidecar struct {
 	health  *health.Server
 	admin   *http.Server
 	ready   atomic.Bool
+	redis   *redisParts // nil without a redis section
 }
 
 func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, error) {
@@ -128,11 +130,21 @@ func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, e
 	}
 	m.RegisterCache(cache)
 	limiters := check.Limiters{config.ModeLocal: quota.NewLocal(cache)}
+	s := &sidecar{flags: f, log: log, metrics: m, health: health.NewServer()}
+	if cfg.Redis != nil {
+		s.redis, err = connectRedis(cfg, cache, m, log)
+		if err != nil {
+			return nil, err
+		}
+		limiters[config.ModeRedis] = s.redis.redisMode
+		limiters[config.ModeHybrid] = s.redis.hybridMode
+	}
 	srv, err := check.New(cfg, limiters, m)
 	if err != nil {
+		s.redis.close(log)
 		return nil, err
 	}
-	s := &sidecar{flags: f, log: log, metrics: m, checks: srv, health: health.NewServer()}
+	s.checks = srv
 	s.grpc = grpc.NewServer(
 		// Envoy keeps its ext_authz connection open and may ping it; do not
 		// answer an eager ping with GOAWAY.
@@ -219,9 +231,13 @@ func (s *sidecar) reload() {
 		s.log.Warn("reload ignored: serving the embedded default configuration, not a file")
 		return
 	}
+	running := s.checks.Config()
 	cfg, err := config.Load(src)
 	if err == nil {
 		err = s.checks.Update(cfg)
+	}
+	if err == nil {
+		warnRestartOnly(s.log, running, cfg)
 	}
 	if err != nil {
 		s.metrics.ConfigReloads.WithLabelValues("failure").Inc()
@@ -230,6 +246,26 @@ func (s *sidecar) reload() {
 	}
 	s.metrics.ConfigReloads.WithLabelValues("success").Inc()
 	s.log.Info("configuration reloaded", "config", src, "policies", len(cfg.Policies))
+}
+
+// warnRestartOnly logs the settings a reload cannot change.
+func warnRestartOnly(log *slog.Logger, running, next *config.Config) {
+	var fields []string
+	if running.Listen != next.Listen {
+		fields = append(fields, "listen")
+	}
+	if !reflect.DeepEqual(running.Redis, next.Redis) {
+		fields = append(fields, "redis")
+	}
+	if running.Local != next.Local {
+		fields = append(fields, "local")
+	}
+	if running.Fallback != next.Fallback {
+		fields = append(fields, "fallback")
+	}
+	if len(fields) > 0 {
+		log.Warn("reload: these sections changed and take effect after a restart", "sections", strings.Join(fields, ", "))
+	}
 }
 
 // shutdown reports NOT_SERVING, waits out the drain delay, then stops
@@ -255,6 +291,7 @@ func (s *sidecar) shutdown(sigs <-chan os.Signal) int {
 		<-done
 	}
 	force.Stop()
+	s.redis.close(s.log)
 	if s.admin != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		s.admin.Shutdown(ctx)

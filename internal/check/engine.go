@@ -41,6 +41,7 @@ type policy struct {
 	prefix  string           // partition key prefix: the escaped name
 
 	allowed, denied, shadowDenied, refunded prometheus.Counter
+	degraded                                [4]prometheus.Counter // by quota.Degraded
 }
 
 // limit is a quota.Limit with its RateLimit-Policy header rendered once.
@@ -61,7 +62,7 @@ func compile(cfg *config.Config, limiters Limiters, m *metrics.Metrics) (*engine
 	for _, pc := range cfg.Policies {
 		lim, ok := limiters[pc.Mode]
 		if !ok || lim == nil {
-			return nil, fmt.Errorf("check: policy %q: no limiter for mode %s", pc.Name, pc.Mode)
+			return nil, fmt.Errorf("policy %q: mode %s needs Redis, and this process started without a redis section (adding one takes a restart)", pc.Name, pc.Mode)
 		}
 		p := &policy{
 			Policy:  pc,
@@ -85,14 +86,22 @@ func compile(cfg *config.Config, limiters Limiters, m *metrics.Metrics) (*engine
 		p.denied = m.Decisions.WithLabelValues(pc.Name, mode, "denied")
 		p.shadowDenied = m.Decisions.WithLabelValues(pc.Name, mode, "shadow_denied")
 		p.refunded = m.Decisions.WithLabelValues(pc.Name, mode, "refunded")
+		for _, d := range []quota.Degraded{quota.DegradedFallback, quota.DegradedAllow, quota.DegradedDeny} {
+			p.degraded[d] = m.Degraded.WithLabelValues(pc.Name, d.String())
+		}
 		e.policies = append(e.policies, p)
 	}
 	return e, nil
 }
 
 func newLimit(p config.Policy, n int64, window time.Duration, burst int64) limit {
+	onError := map[config.OnRedisError]quota.OnError{
+		config.OnErrorFallback: quota.ErrorFallback,
+		config.OnErrorAllow:    quota.ErrorAllow,
+		config.OnErrorDeny:     quota.ErrorDeny,
+	}[p.OnRedisError]
 	return limit{
-		Limit:  quota.Limit{Algorithm: p.Algorithm, Limit: n, Window: window, Burst: burst},
+		Limit:  quota.Limit{Algorithm: p.Algorithm, Limit: n, Window: window, Burst: burst, OnError: onError},
 		header: policyHeader(p.Name, n, window),
 	}
 }

@@ -148,6 +148,9 @@ func (e *engine) decide(ctx context.Context, req *authv3.CheckRequest, now time.
 		}
 		t.d = d
 		t.ok = d.Allowed
+		if d.Degraded != quota.NotDegraded {
+			t.p.degraded[d.Degraded].Inc()
+		}
 		switch {
 		case d.Allowed:
 			t.p.allowed.Inc()
@@ -162,6 +165,9 @@ func (e *engine) decide(ctx context.Context, req *authv3.CheckRequest, now time.
 	// 4. A request denied by one policy consumes nothing from the others.
 	if denied {
 		e.refund(ctx, takes, now)
+		if unavailable(takes) {
+			return e.reducedCapacity(takes, clientID), OutcomeUnavailable, nil
+		}
 		return e.overLimit(takes, clientID), OutcomeOverLimit, nil
 	}
 	return e.allow(&a, takes, client, credHeader), OutcomeOK, nil
@@ -202,6 +208,43 @@ func missingDetail(p *policy) string {
 		parts[i] = k.String()
 	}
 	return fmt.Sprintf("Policy %s needs %s to identify the caller.", p.Name, strings.Join(parts, ", "))
+}
+
+// unavailable reports whether every enforcing denial came from
+// on_redis_error: deny, not from a count. A real over-limit answer wins.
+func unavailable(takes []taken) bool {
+	for i := range takes {
+		t := &takes[i]
+		if !t.ok && !t.p.Shadow && t.d.Degraded != quota.DegradedDeny {
+			return false
+		}
+	}
+	return true
+}
+
+// reducedCapacity is the 503 of on_redis_error: deny while Redis is
+// unreachable.
+func (e *engine) reducedCapacity(takes []taken, clientID string) *authv3.CheckResponse {
+	var wait time.Duration
+	var names []string
+	for i := range takes {
+		t := &takes[i]
+		if !t.ok && !t.p.Shadow {
+			wait = max(wait, t.d.RetryAfter)
+			names = append(names, t.p.Name)
+		}
+	}
+	retry := strconv.FormatInt(ceilSeconds(wait), 10)
+	body := problem{
+		Type:             ProblemReducedCapacity,
+		Title:            "Service Unavailable",
+		Status:           503,
+		Detail:           "The rate limit store is unavailable. Retry after " + retry + " s.",
+		ViolatedPolicies: names,
+	}
+	return denied(codes.Unavailable, typev3.StatusCode_ServiceUnavailable,
+		[]*corev3.HeaderValueOption{header("retry-after", retry)}, body,
+		metadata(clientID, names[0], "unavailable", 0, false))
 }
 
 // overLimit builds the 429. Retry-After is the longest wait among denying

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/extauthz/extauthz/internal/config"
-	"github.com/extauthz/extauthz/internal/localcache"
 	"github.com/extauthz/extauthz/internal/metrics"
 	"github.com/extauthz/extauthz/internal/quota"
 )
@@ -25,7 +24,7 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 type fixture struct {
 	t     *testing.T
 	srv   *Server
-	cache *localcache.Cache[*quota.Entry]
+	cache *quota.Cache
 	m     *metrics.Metrics
 	now   time.Time
 }

@@ -114,6 +114,11 @@ func (c *Cache[V]) Lock(key string) *Shard[V] {
 // locked.
 func (s *Shard[V]) Get(key string) (V, bool) { return s.lru.Get(key) }
 
+// Peek returns key's value without marking it recently used, for
+// maintenance passes that must not disturb the eviction order. The shard
+// must be locked.
+func (s *Shard[V]) Peek(key string) (V, bool) { return s.lru.Peek(key) }
+
 // Add stores value under key, evicting the shard's least recently used entry
 // when it is full. The shard must be locked.
 func (s *Shard[V]) Add(key string, value V) { s.lru.Add(key, value) }

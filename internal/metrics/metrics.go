@@ -30,6 +30,29 @@ type Metrics struct {
 	ConfigReloads *prometheus.CounterVec
 	// ConfigPolicies is the number of policies in the running configuration.
 	ConfigPolicies prometheus.Gauge
+
+	// RedisCalls counts calls to Redis by operation (lease, return, peers,
+	// ping) and result (ok, error, timeout).
+	RedisCalls *prometheus.CounterVec
+	// RedisDuration is the time Redis calls take, by operation.
+	RedisDuration *prometheus.HistogramVec
+	// RedisUp is 1 while the store answers, 0 while it is marked down.
+	RedisUp prometheus.Gauge
+	// SlicesLeased counts hybrid lease calls that granted tokens;
+	// TokensLeased the tokens they granted.
+	SlicesLeased prometheus.Counter
+	TokensLeased prometheus.Counter
+	// TokensReturned counts unspent hybrid tokens given back to Redis, by
+	// reason (idle, evicted, shutdown, refund).
+	TokensReturned *prometheus.CounterVec
+	// LeaseWaits counts hybrid decisions that waited for another request's
+	// lease of the same key instead of calling Redis themselves.
+	LeaseWaits prometheus.Counter
+	// Peers is the replica count last observed through Redis heartbeats.
+	Peers prometheus.Gauge
+	// Degraded counts decisions made without Redis, by policy and the
+	// on_redis_error action taken (fallback, allow, deny).
+	Degraded *prometheus.CounterVec
 }
 
 // New registers the collectors, plus Go runtime and process metrics and
@@ -62,6 +85,43 @@ func New(version string) *Metrics {
 			Help: "Policies in the running configuration.",
 		}),
 	}
+	m.RedisCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "redis_calls_total",
+		Help: "Redis calls by operation and result (ok, error, timeout).",
+	}, []string{"op", "result"})
+	m.RedisDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "redis_call_duration_seconds",
+		Help:    "Time Redis calls take, by operation.",
+		Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3},
+	}, []string{"op"})
+	m.RedisUp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "redis_up",
+		Help: "1 while Redis answers, 0 while the store is marked down.",
+	})
+	m.SlicesLeased = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "hybrid_slices_leased_total",
+		Help: "Hybrid lease calls that granted tokens.",
+	})
+	m.TokensLeased = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "hybrid_tokens_leased_total",
+		Help: "Tokens granted to hybrid slices.",
+	})
+	m.TokensReturned = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "hybrid_tokens_returned_total",
+		Help: "Unspent hybrid tokens given back to Redis, by reason (idle, evicted, shutdown).",
+	}, []string{"reason"})
+	m.LeaseWaits = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "hybrid_lease_waits_total",
+		Help: "Hybrid decisions that waited for a lease already in flight for their key.",
+	})
+	m.Peers = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "peers",
+		Help: "Replicas observed through Redis heartbeats (the last count while Redis is down).",
+	})
+	m.Degraded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "degraded_decisions_total",
+		Help: "Decisions made while Redis was unreachable, by policy and on_redis_error action (fallback, allow, deny).",
+	}, []string{"policy", "action"})
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
 		Help: "Always 1; the version label names the running build.",
@@ -70,6 +130,7 @@ func New(version string) *Metrics {
 	m.ConfigReloads.WithLabelValues("success")
 	m.ConfigReloads.WithLabelValues("failure")
 	reg.MustRegister(m.Decisions, m.Checks, m.CheckDuration, m.ConfigReloads, m.ConfigPolicies, buildInfo,
+		m.RedisCalls, m.RedisDuration, m.RedisUp, m.SlicesLeased, m.TokensLeased, m.TokensReturned, m.LeaseWaits, m.Peers, m.Degraded,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

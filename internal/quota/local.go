@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/extauthz/extauthz/internal/localcache"
@@ -12,27 +13,46 @@ import (
 // replicas together admit up to N times the limit. Memory is bounded by the
 // cache: an evicted key starts again from a full bucket.
 type Local struct {
-	cache *localcache.Cache[*Entry]
+	cache *Cache
 }
 
 var _ Limiter = (*Local)(nil)
 
-// Entry is the per-key state kept in the local cache. Its fields are guarded
-// by the lock of the cache shard that holds it.
-type Entry struct {
-	alg Algorithm
-	tat int64 // token bucket: unix ns at which the bucket is full
-	iv  int64 // token bucket: the refill interval tat was computed with
+// Cache is the bounded per-key state of this process, shared by the local
+// limiter, hybrid slices and fallback buckets: one LRU bound for them all.
+type Cache struct {
+	*localcache.Cache[*Entry]
+	onEvict atomic.Pointer[func(key string, e *Entry)]
 }
 
-// NewCache returns the bounded cache of per-key state shared by the local
-// limiter and, later, the leased slices of hybrid mode.
-func NewCache(maxKeys int) (*localcache.Cache[*Entry], error) {
-	return localcache.New[*Entry](maxKeys, nil)
+// NewCache returns a cache of at most maxKeys entries.
+func NewCache(maxKeys int) (*Cache, error) {
+	c := &Cache{}
+	lc, err := localcache.New(maxKeys, func(key string, e *Entry) {
+		if fn := c.onEvict.Load(); fn != nil {
+			(*fn)(key, e)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.Cache = lc
+	return c, nil
+}
+
+// Entry is the per-key state kept in the cache. Its fields are guarded by
+// the lock of the cache shard that holds it.
+type Entry struct {
+	alg Algorithm
+	// Token bucket (local mode, and the fallback bucket of Redis modes).
+	tat int64 // unix ns at which the bucket is full
+	iv  int64 // the refill interval tat was computed with
+
+	slice // hybrid mode's leased tokens
 }
 
 // NewLocal returns a limiter that keeps its state in cache.
-func NewLocal(cache *localcache.Cache[*Entry]) *Local {
+func NewLocal(cache *Cache) *Local {
 	return &Local{cache: cache}
 }
 

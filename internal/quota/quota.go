@@ -46,6 +46,19 @@ func ParseAlgorithm(s string) (Algorithm, bool) {
 // AlgorithmNames lists the accepted configuration names.
 func AlgorithmNames() []string { return append([]string(nil), algorithmNames[:]...) }
 
+// OnError says what a Redis-backed limit does while Redis is unreachable.
+type OnError uint8
+
+// The choices of on_redis_error.
+const (
+	// ErrorFallback decides with a local bucket of limit ÷ peers.
+	ErrorFallback OnError = iota
+	// ErrorAllow admits.
+	ErrorAllow
+	// ErrorDeny rejects (the sidecar answers 503).
+	ErrorDeny
+)
+
 // Limit describes one rate limit: Limit units per Window.
 type Limit struct {
 	Algorithm Algorithm
@@ -54,6 +67,8 @@ type Limit struct {
 	// Burst is the token bucket's capacity: how many units may be spent at
 	// once after a quiet period. Zero means Limit.
 	Burst int64
+	// OnError applies to Redis-backed limiters when Redis fails.
+	OnError OnError
 }
 
 // Capacity returns the bucket capacity: Burst, or Limit when Burst is zero.
@@ -89,6 +104,24 @@ type Decision struct {
 	// ResetAfter is the wait until the quota is fully restored: the bucket
 	// full again, or the window over.
 	ResetAfter time.Duration
+	// Degraded says how the decision was made without Redis; zero when
+	// it was made normally.
+	Degraded Degraded
+}
+
+// Degraded names how a decision was made while Redis was unreachable.
+type Degraded uint8
+
+// The ways of deciding without Redis, one per OnError choice.
+const (
+	NotDegraded Degraded = iota
+	DegradedFallback
+	DegradedAllow
+	DegradedDeny
+)
+
+func (d Degraded) String() string {
+	return [...]string{"", "fallback", "allow", "deny"}[d]
 }
 
 // Limiter decides for one partition key at a time. Implementations are safe

@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/extauthz/extauthz/internal/localcache"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -108,7 +106,7 @@ func TestTokenBucketExactOverWindow(t *testing.T) {
 }
 
 func TestLocalLimiter(t *testing.T) {
-	cache, err := localcache.New[*Entry](1000, nil)
+	cache, err := NewCache(1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +134,7 @@ func TestLocalLimiter(t *testing.T) {
 }
 
 func BenchmarkLocalTake(b *testing.B) {
-	cache, _ := localcache.New[*Entry](100_000, nil)
+	cache, _ := NewCache(100_000)
 	lim := NewLocal(cache)
 	ctx := context.Background()
 	l := Limit{Limit: 1 << 40, Window: time.Second}

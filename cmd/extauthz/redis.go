@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/metrics"
+	"github.com/extauthz/extauthz/internal/quota"
+)
+
+// ReplicaIDEnv names this replica in Redis heartbeats (feed it the pod name
+// through the downward API); the hostname is used without it.
+const ReplicaIDEnv = "EXTAUTHZ_REPLICA_ID"
+
+// redisParts is everything that talks to Redis, in shutdown order.
+type redisParts struct {
+	client     redis.UniversalClient
+	store      *quota.Store
+	peers      *quota.Peers
+	hybrid     *quota.Hybrid
+	redisMode  quota.Limiter
+	hybridMode quota.Limiter
+}
+
+// connectRedis builds the client and the Redis-backed limiters. An
+// unreachable Redis is not fatal: policies follow on_redis_error until it
+// answers. A refused password is, because it will not fix itself.
+func connectRedis(cfg *config.Config, cache *quota.Cache, m *metrics.Metrics, log *slog.Logger) (*redisParts, error) {
+	rc := cfg.Redis
+	password := ""
+	if rc.PasswordEnv != "" {
+		v, ok := os.LookupEnv(rc.PasswordEnv)
+		if !ok {
+			return nil, fmt.Errorf("redis.password_env: environment variable %s is not set", rc.PasswordEnv)
+		}
+		password = v
+	}
+	opts := &redis.UniversalOptions{
+		Addrs:    rc.Addrs,
+		Username: rc.Username,
+		Password: password,
+		// A decision never waits longer than the timeout; the store's
+		// breaker, not client retries, deals with failures.
+		DialTimeout:           max(rc.Timeout*5, 100*time.Millisecond),
+		ReadTimeout:           rc.Timeout,
+		WriteTimeout:          rc.Timeout,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            -1,
+		ClientName:            "extauthz",
+	}
+	if rc.TLS {
+		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	client := redis.NewUniversalClient(opts)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	err := client.Ping(ctx).Err()
+	cancel()
+	switch {
+	case err == nil:
+		log.Info("redis connected", "addrs", strings.Join(rc.Addrs, ","), "cluster", len(rc.Addrs) > 1)
+	case isAuthError(err):
+		client.Close()
+		return nil, fmt.Errorf("redis %s refused the credentials (user %q, password from $%s): %v",
+			strings.Join(rc.Addrs, ","), rc.Username, rc.PasswordEnv, err)
+	default:
+		log.Warn("redis unreachable at start-up; policies follow on_redis_error until it answers",
+			"addrs", strings.Join(rc.Addrs, ","), "error", err.Error())
+	}
+
+	p := &redisParts{client: client}
+	p.store = quota.NewStore(client, quota.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Metrics: m, Log: log})
+	p.peers = quota.NewPeers(p.store, quota.ReplicaID(os.Getenv(ReplicaIDEnv)), cfg.Fallback.PeerTTL, cfg.Fallback.MinPeers, m, log)
+	p.hybrid = quota.NewHybrid(cache, p.store, p.peers, quota.HybridOptions{SliceIdle: cfg.Local.SliceIdle, Metrics: m, Log: log})
+	p.redisMode = quota.NewResilient(quota.NewRedis(p.store), cache, p.peers)
+	p.hybridMode = quota.NewResilient(p.hybrid, cache, p.peers)
+	return p, nil
+}
+
+func isAuthError(err error) bool {
+	msg := err.Error()
+	for _, prefix := range []string{"WRONGPASS", "NOAUTH", "NOPERM", "ERR AUTH", "ERR invalid password"} {
+		if strings.Contains(msg, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// close gives unspent hybrid tokens back, leaves the heartbeat set and
+// closes the client. It is safe on a nil receiver.
+func (p *redisParts) close(log *slog.Logger) {
+	if p == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	p.hybrid.Close(ctx)
+	p.peers.Close(ctx)
+	p.store.Close()
+	if err := p.client.Close(); err != nil {
+		log.Warn("closing redis client", "error", err.Error())
+	}
+}

@@ -1,0 +1,151 @@
+// Package loadgen drives Check calls at a gRPC Authorization server: a fixed
+// number of requests from a fixed number of workers, round robin over the
+// targets, bounded in count and time. Benchmarks and the end-to-end tests
+// that need a realistic rate use it through tests/loadgen, built without
+// the race detector.
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Options describes one run.
+type Options struct {
+	Targets     []string      // gRPC addresses, host:port
+	Requests    int           // total requests
+	Concurrency int           // workers
+	MaxDuration time.Duration // stop early after this long (0: 2 minutes)
+	// Request builds request i. It must be safe for concurrent use.
+	Request func(i int) *authv3.CheckRequest
+	// ConnsPerTarget opens several HTTP/2 connections per target, as Envoy
+	// does with several worker threads (default 1).
+	ConnsPerTarget int
+}
+
+// Result summarises a run.
+type Result struct {
+	Requests   int            `json:"requests"`
+	Elapsed    time.Duration  `json:"elapsed_ns"`
+	Statuses   map[string]int `json:"statuses"` // HTTP status Envoy would send, as text
+	GRPCErrors int            `json:"grpc_errors"`
+	FirstError string         `json:"first_error,omitempty"`
+	P50        time.Duration  `json:"p50_ns"`
+	P99        time.Duration  `json:"p99_ns"`
+	Max        time.Duration  `json:"max_ns"`
+	Throughput float64        `json:"throughput_rps"`
+	// PerTarget counts allowed (200) responses by target index.
+	AllowedPerTarget []int `json:"allowed_per_target"`
+}
+
+// Run performs the run described by o.
+func Run(ctx context.Context, o Options) (Result, error) {
+	if o.Concurrency < 1 || o.Requests < 1 || len(o.Targets) == 0 || o.Request == nil {
+		return Result{}, fmt.Errorf("loadgen: need targets, requests, concurrency and a request builder")
+	}
+	if o.MaxDuration <= 0 {
+		o.MaxDuration = 2 * time.Minute
+	}
+	if o.ConnsPerTarget < 1 {
+		o.ConnsPerTarget = 1
+	}
+	var clients [][]authv3.AuthorizationClient
+	for _, t := range o.Targets {
+		var cs []authv3.AuthorizationClient
+		for i := 0; i < o.ConnsPerTarget; i++ {
+			conn, err := grpc.NewClient("passthrough:///"+t, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return Result{}, err
+			}
+			defer conn.Close()
+			cs = append(cs, authv3.NewAuthorizationClient(conn))
+		}
+		clients = append(clients, cs)
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.MaxDuration)
+	defer cancel()
+
+	type sample struct {
+		latency time.Duration
+		status  int
+		target  int
+		err     error
+	}
+	samples := make([]sample, o.Requests)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < o.Concurrency; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= o.Requests || ctx.Err() != nil {
+					return
+				}
+				target := i % len(clients)
+				c := clients[target][w%o.ConnsPerTarget]
+				req := o.Request(i)
+				t0 := time.Now()
+				resp, err := c.Check(ctx, req)
+				s := sample{latency: time.Since(t0), target: target, err: err}
+				if err == nil {
+					s.status = HTTPStatus(resp)
+				}
+				samples[i] = s
+			}
+		}(w)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if ctx.Err() != nil && int(next.Load()) < o.Requests {
+		return Result{}, fmt.Errorf("loadgen: run of %d requests did not finish within %v", o.Requests, o.MaxDuration)
+	}
+
+	r := Result{Requests: o.Requests, Elapsed: elapsed, Statuses: map[string]int{}, AllowedPerTarget: make([]int, len(o.Targets))}
+	lat := make([]time.Duration, 0, len(samples))
+	for _, s := range samples {
+		if s.err != nil {
+			r.GRPCErrors++
+			if r.FirstError == "" {
+				r.FirstError = s.err.Error()
+			}
+			continue
+		}
+		r.Statuses[fmt.Sprint(s.status)]++
+		if s.status == 200 {
+			r.AllowedPerTarget[s.target]++
+		}
+		lat = append(lat, s.latency)
+	}
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		r.P50 = lat[len(lat)*50/100]
+		r.P99 = lat[min(len(lat)*99/100, len(lat)-1)]
+		r.Max = lat[len(lat)-1]
+	}
+	r.Throughput = float64(o.Requests) / elapsed.Seconds()
+	return r, nil
+}
+
+// HTTPStatus is the HTTP status Envoy sends for a CheckResponse: 200 when
+// the gRPC status is OK, else the denied response's status (403 when none).
+func HTTPStatus(resp *authv3.CheckResponse) int {
+	if codes.Code(resp.GetStatus().GetCode()) == codes.OK {
+		return 200
+	}
+	if s := resp.GetDeniedResponse().GetStatus().GetCode(); s != 0 {
+		return int(s)
+	}
+	return 403
+}

@@ -1,0 +1,81 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Resilient wraps a Redis-backed limiter so that a Redis failure is never
+// an error to the caller: each limit follows its OnError. With
+// ErrorFallback the key is decided by a local token bucket of limit ÷
+// peers and burst ÷ peers (at least one token), peers being the replica
+// count last observed through Redis, so the replicas together stay close
+// to the limit while each decides alone.
+type Resilient struct {
+	primary Limiter
+	cache   *Cache
+	peers   PeerCounter
+}
+
+var _ Limiter = (*Resilient)(nil)
+
+// NewResilient returns primary with the fallback behaviour above. The
+// fallback buckets live in cache, in the same entries as hybrid slices.
+func NewResilient(primary Limiter, cache *Cache, peers PeerCounter) *Resilient {
+	return &Resilient{primary: primary, cache: cache, peers: peers}
+}
+
+// Take implements Limiter. It returns an error only when ctx is done.
+func (r *Resilient) Take(ctx context.Context, key string, l Limit, now time.Time) (Decision, error) {
+	d, err := r.primary.Take(ctx, key, l, now)
+	if err == nil {
+		return d, nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ErrStoreDown) {
+		return Decision{}, ctxErr // the caller gave up; nobody will read a decision
+	}
+	switch l.OnError {
+	case ErrorAllow:
+		return Decision{Allowed: true, Limit: l.Limit, Remaining: l.Limit - 1, Degraded: DegradedAllow}, nil
+	case ErrorDeny:
+		return Decision{Limit: l.Limit, RetryAfter: time.Second, Degraded: DegradedDeny}, nil
+	}
+	fl := r.fallbackLimit(l)
+	sh := r.cache.Lock(key)
+	e := entryLocked(sh, key)
+	ns := now.UnixNano()
+	if iv := fl.Interval(); iv != e.iv {
+		e.tat, e.iv = tokenBucketRescale(e.tat, ns, e.iv, iv), iv
+	}
+	e.tat, d = tokenBucketTake(e.tat, ns, fl)
+	sh.Unlock()
+	d.Limit = l.Limit // clients see the policy, not its share
+	d.Degraded = DegradedFallback
+	return d, nil
+}
+
+// fallbackLimit is this replica's share of l.
+func (r *Resilient) fallbackLimit(l Limit) Limit {
+	peers := max(r.peers.Count(), 1)
+	return Limit{
+		Algorithm: TokenBucket,
+		Limit:     max(l.Limit/peers, 1),
+		Window:    l.Window,
+		Burst:     max(l.Capacity()/peers, 1),
+	}
+}
+
+// Refund implements Limiter: to Redis when it answers, else to the local
+// fallback bucket.
+func (r *Resilient) Refund(ctx context.Context, key string, l Limit, now time.Time) error {
+	if err := r.primary.Refund(ctx, key, l, now); err == nil || l.OnError != ErrorFallback {
+		return nil
+	}
+	sh := r.cache.Lock(key)
+	if e, ok := sh.Peek(key); ok && e.iv != 0 {
+		e.tat = max(e.tat-e.iv, now.UnixNano())
+	}
+	sh.Unlock()
+	return nil
+}
