@@ -33,12 +33,15 @@ type dockerfile struct {
 }
 
 func parseDockerfile(root string) (*dockerfile, error) {
-	f, err := os.Open(filepath.Join(root, "Dockerfile"))
+	data, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	ast, err := parser.Parse(f)
+	return parseDockerfileText(data)
+}
+
+func parseDockerfileText(data []byte) (*dockerfile, error) {
+	ast, err := parser.Parse(bytes.NewReader(data))
 	if err != nil {
 		return nil, fmt.Errorf("Dockerfile: %w", err)
 	}
@@ -234,84 +237,88 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
-func TestDockerfileBuildStage(t *testing.T) {
+// TestDockerfile checks the Dockerfile as BuildKit parses it.
+func TestDockerfile(t *testing.T) {
 	root := repoRoot(t)
 	d, err := parseDockerfile(root)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var p problems
+	checkDockerfile(&p, d, goModVersion(t, root))
+	p.report(t)
+}
+
+// goModVersion returns the go line of the repository's go.mod.
+func goModVersion(t *testing.T, root string) string {
+	gomod := readFile(t, filepath.Join(root, "go.mod"))
+	m := regexp.MustCompile(`(?m)^go (\d+\.\d+(?:\.\d+)?)$`).FindSubmatch(gomod)
+	if m == nil {
+		t.Fatal("go.mod has no go line")
+	}
+	return string(m[1])
+}
+
+// checkDockerfile checks the build stage compiles ./cmd/extauthz statically
+// with a new enough Go, and the final stage runs that binary as non-root
+// on a minimal base.
+func checkDockerfile(p *problems, d *dockerfile, goVersion string) {
 	gb, err := d.findGoBuild(runtime.GOARCH)
 	if err != nil {
-		t.Fatal(err)
+		p.add("%v", err)
+		return
 	}
 	if gb.pkg != "./cmd/extauthz" {
-		t.Errorf("go build compiles %q, want ./cmd/extauthz", gb.pkg)
+		p.add("Dockerfile: go build compiles %q, want ./cmd/extauthz", gb.pkg)
 	}
 	if !contains(gb.env, "CGO_ENABLED=0") {
-		t.Errorf("go build runs with %q, want CGO_ENABLED=0 (a static binary for a libc-free image)", gb.env)
+		p.add("Dockerfile: go build runs with %q, want CGO_ENABLED=0 (a static binary for a libc-free image)", gb.env)
 	}
 	if !contains(gb.args, "-trimpath") {
-		t.Errorf("go build %q: want -trimpath", gb.args)
+		p.add("Dockerfile: go build %q: want -trimpath", gb.args)
 	}
 	if !contains(gb.env, "GOOS=linux") || !contains(gb.env, "GOARCH="+runtime.GOARCH) {
-		t.Errorf("go build env %q: want GOOS and GOARCH from TARGETOS and TARGETARCH", gb.env)
+		p.add("Dockerfile: go build env %q: want GOOS and GOARCH from TARGETOS and TARGETARCH", gb.env)
 	}
 	if gb.output == "" {
-		t.Fatalf("go build %q: no -o", gb.args)
+		p.add("Dockerfile: go build %q: no -o", gb.args)
+		return
 	}
 
 	// The builder image's Go must be at least go.mod's.
-	lex := shell.NewLex('\\')
 	var env []string
 	for k, v := range d.metaArgs {
 		env = append(env, k+"="+v)
 	}
-	base, _, err := lex.ProcessWord(gb.stage.BaseName, shell.EnvsFromSlice(env))
+	base, _, err := shell.NewLex('\\').ProcessWord(gb.stage.BaseName, shell.EnvsFromSlice(env))
 	if err != nil {
-		t.Fatal(err)
+		p.add("Dockerfile: FROM %s: %v", gb.stage.BaseName, err)
+		return
 	}
 	m := regexp.MustCompile(`^(?:docker\.io/)?(?:library/)?golang:(\d+\.\d+(?:\.\d+)?)`).FindStringSubmatch(base)
 	if m == nil {
-		t.Fatalf("build stage FROM %q: want an official golang image with a version tag", base)
+		p.add("Dockerfile: build stage FROM %q: want an official golang image with a version tag", base)
+	} else if compareVersions(m[1], goVersion) < 0 {
+		p.add("Dockerfile: build stage uses Go %s; go.mod needs %s", m[1], goVersion)
 	}
-	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	gm := regexp.MustCompile(`(?m)^go (\d+\.\d+(?:\.\d+)?)$`).FindSubmatch(gomod)
-	if gm == nil {
-		t.Fatal("go.mod has no go line")
-	}
-	if compareVersions(m[1], string(gm[1])) < 0 {
-		t.Errorf("build stage uses Go %s; go.mod needs %s", m[1], gm[1])
-	}
-}
 
-func TestDockerfileFinalStage(t *testing.T) {
-	d, err := parseDockerfile(repoRoot(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	gb, err := d.findGoBuild(runtime.GOARCH)
-	if err != nil {
-		t.Fatal(err)
-	}
 	final := d.stages[len(d.stages)-1]
 	if final.Name == gb.stage.Name {
-		t.Fatal("the final stage is the build stage: the image would ship the Go toolchain")
+		p.add("Dockerfile: the final stage is the build stage: the image would ship the Go toolchain")
+		return
 	}
 	if final.BaseName != "scratch" && !strings.HasPrefix(final.BaseName, "gcr.io/distroless/static") {
-		t.Errorf("final stage FROM %s: want scratch or gcr.io/distroless/static (the binary is static)", final.BaseName)
+		p.add("Dockerfile: final stage FROM %s: want scratch or gcr.io/distroless/static (the binary is static)", final.BaseName)
 	}
 	var user, entry string
-	var copied []string // destinations of files copied from the build stage's output
+	var copied []string // where the build stage's binary lands
 	for _, c := range final.Commands {
 		switch c := c.(type) {
 		case *instructions.UserCommand:
 			user = c.User
 		case *instructions.EntrypointCommand:
 			if c.PrependShell {
-				t.Errorf("ENTRYPOINT %q: use the exec form; there is no shell in the image", c.CmdLine)
+				p.add("Dockerfile: ENTRYPOINT %q: use the exec form; there is no shell in the image", c.CmdLine)
 			} else if len(c.CmdLine) > 0 {
 				entry = c.CmdLine[0]
 			}
@@ -323,10 +330,11 @@ func TestDockerfileFinalStage(t *testing.T) {
 	}
 	uid, _, _ := strings.Cut(user, ":")
 	if n, err := strconv.Atoi(uid); err != nil || n == 0 {
-		t.Errorf("final stage USER %q: want a numeric non-root uid, so runAsNonRoot can check it", user)
+		p.add("Dockerfile: final stage USER %q: want a numeric non-root uid, so runAsNonRoot can check it", user)
 	}
 	if entry == "" {
-		t.Fatal("final stage has no ENTRYPOINT")
+		p.add("Dockerfile: final stage has no ENTRYPOINT")
+		return
 	}
 	ok := false
 	for _, dst := range copied {
@@ -335,7 +343,7 @@ func TestDockerfileFinalStage(t *testing.T) {
 		}
 	}
 	if !ok {
-		t.Errorf("ENTRYPOINT %s is not the binary built at %s (copied to %q)", entry, gb.output, copied)
+		p.add("Dockerfile: ENTRYPOINT %s is not the binary built at %s (copied to %q)", entry, gb.output, copied)
 	}
 }
 

@@ -77,23 +77,18 @@ func globYAML(t testing.TB, dir string) []string {
 	return files
 }
 
-// yamlDocs splits a multi-document YAML file, dropping documents that hold
-// only comments or whitespace.
-func yamlDocs(t testing.TB, path string) [][]byte {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+// splitYAML splits a multi-document YAML file, dropping documents that
+// hold only comments or whitespace.
+func splitYAML(data []byte) ([][]byte, error) {
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	var docs [][]byte
 	for {
 		doc, err := r.Read()
 		if errors.Is(err, io.EOF) {
-			return docs
+			return docs, nil
 		}
 		if err != nil {
-			t.Fatalf("%s: %v", rel(t, path), err)
+			return nil, err
 		}
 		if !onlyComments(doc) {
 			docs = append(docs, doc)
@@ -127,7 +122,20 @@ var (
 // Docker build context, and returns its path.
 func extauthzBinary(t testing.TB) string {
 	t.Helper()
+	bin, err := buildExtauthz()
+	if err != nil {
+		t.Fatalf("building extauthz as the Dockerfile does: %v", err)
+	}
+	return bin
+}
+
+func buildExtauthz() (string, error) {
 	buildOnce.Do(func() {
+		root, err := filepath.Abs(filepath.Join("..", ".."))
+		if err != nil {
+			buildErr = err
+			return
+		}
 		dir, err := os.MkdirTemp("", "extauthz-deploy-test-")
 		if err != nil {
 			buildErr = err
@@ -135,34 +143,47 @@ func extauthzBinary(t testing.TB) string {
 		}
 		// Left for the OS to clean: the binary is shared by every test.
 		binPath = filepath.Join(dir, "extauthz")
-		buildErr = dockerBuild(repoRoot(t), filepath.Join(dir, "context"), binPath)
+		buildErr = dockerBuild(root, filepath.Join(dir, "context"), binPath)
 	})
-	if buildErr != nil {
-		t.Fatalf("building extauthz as the Dockerfile does: %v", buildErr)
-	}
-	return binPath
+	return binPath, buildErr
 }
 
-// validateSidecarConfig runs `extauthz validate` on a configuration. name
-// is where it came from, for messages. A warning (a plaintext key, say) is
-// a failure too: shipped configs must be clean.
+// validateSidecarConfig runs `extauthz validate` on a configuration and
+// fails t if it is invalid.
 func validateSidecarConfig(t testing.TB, name string, data []byte) {
 	t.Helper()
-	dir := t.TempDir()
-	file := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(name))
+	if err := extauthzValidate(name, data); err != nil {
+		t.Error(err)
+	}
+}
+
+// extauthzValidate runs `extauthz validate` on a configuration. name is
+// where it came from, for messages. A warning (a plaintext key, say) is an
+// error too: shipped configs must be clean.
+func extauthzValidate(name string, data []byte) error {
+	bin, err := buildExtauthz()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "extauthz-validate-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	file := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_", " ", "_").Replace(name))
 	if err := os.WriteFile(file, data, 0o600); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(extauthzBinary(t), "validate", "-config", file)
+	cmd := exec.Command(bin, "validate", "-config", file)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		t.Errorf("%s: extauthz validate: %v\n%s%s", name, err, stderr.String(), stdout.String())
-		return
+		return fmt.Errorf("%s: extauthz validate: %v\n%s%s", name, err, stderr.String(), stdout.String())
 	}
 	if strings.Contains(stderr.String(), "warning") {
-		t.Errorf("%s: extauthz validate warns:\n%s", name, stderr.String())
+		return fmt.Errorf("%s: extauthz validate warns:\n%s", name, stderr.String())
 	}
+	return nil
 }
 
 // problems collects what a check found, so that the same check can fail a

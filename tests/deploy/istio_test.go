@@ -22,26 +22,36 @@ type meshInfo struct {
 	explicitFailOpen map[string]bool
 }
 
-// loadMeshConfig decodes k8s/istio/mesh-config.yaml: Helm values whose only
-// key, meshConfig, must decode strictly into Istio's MeshConfig.
+// loadMeshConfig decodes k8s/istio/mesh-config.yaml, failing t if it does
+// not decode.
 func loadMeshConfig(t *testing.T) *meshInfo {
 	t.Helper()
-	js, err := strictJSON(readFile(t, repoPath(t, meshConfigFile)))
+	m, err := parseMeshConfig(readFile(t, repoPath(t, meshConfigFile)))
 	if err != nil {
 		t.Fatalf("%s: %v", meshConfigFile, err)
 	}
+	return m
+}
+
+// parseMeshConfig decodes Helm values whose only key, meshConfig, must
+// decode strictly into Istio's MeshConfig.
+func parseMeshConfig(data []byte) (*meshInfo, error) {
+	js, err := strictJSON(data)
+	if err != nil {
+		return nil, err
+	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(js, &top); err != nil {
-		t.Fatalf("%s: %v", meshConfigFile, err)
+		return nil, err
 	}
 	for k := range top {
 		if k != "meshConfig" {
-			t.Fatalf("%s: unexpected key %q: the file holds meshConfig only", meshConfigFile, k)
+			return nil, fmt.Errorf("unexpected key %q: the file holds meshConfig only", k)
 		}
 	}
 	var mc meshv1alpha1.MeshConfig
 	if err := protojson.Unmarshal(top["meshConfig"], &mc); err != nil {
-		t.Fatalf("%s: meshConfig: %v", meshConfigFile, err)
+		return nil, fmt.Errorf("meshConfig: %w", err)
 	}
 	var raw struct {
 		ExtensionProviders []struct {
@@ -50,7 +60,7 @@ func loadMeshConfig(t *testing.T) *meshInfo {
 		} `json:"extensionProviders"`
 	}
 	if err := json.Unmarshal(top["meshConfig"], &raw); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	m := &meshInfo{
 		providers:        map[string]*meshv1alpha1.MeshConfig_ExtensionProvider_EnvoyExternalAuthorizationGrpcProvider{},
@@ -64,7 +74,7 @@ func loadMeshConfig(t *testing.T) *meshInfo {
 	for _, p := range raw.ExtensionProviders {
 		_, m.explicitFailOpen[p.Name] = p.EnvoyExtAuthzGrpc["failOpen"]
 	}
-	return m
+	return m, nil
 }
 
 // TestMeshConfig checks each extauthz provider's settings.

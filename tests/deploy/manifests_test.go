@@ -132,26 +132,55 @@ func strictUnmarshal(v any, into any) error {
 	return d.Decode(into)
 }
 
+// manifestFiles reads every manifest file under manifestDirs, by path
+// relative to the repository root.
+func manifestFiles(t *testing.T) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	for _, dir := range manifestDirs {
+		for _, f := range globYAML(t, dir) {
+			if r := rel(t, f); !helmValues[r] {
+				files[r] = readFile(t, f)
+			}
+		}
+	}
+	return files
+}
+
+// decodeFiles decodes every document of every file.
+func decodeFiles(files map[string][]byte) ([]*object, []error) {
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var objs []*object
+	var errs []error
+	for _, n := range names {
+		docs, err := splitYAML(files[n])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", n, err))
+			continue
+		}
+		for i, doc := range docs {
+			o, err := decodeManifest(n, doc)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: document %d: %w", n, i+1, err))
+				continue
+			}
+			objs = append(objs, o)
+		}
+	}
+	return objs, errs
+}
+
 // loadManifests decodes every manifest under manifestDirs, failing the test
 // on any that does not decode.
 func loadManifests(t *testing.T) []*object {
 	t.Helper()
-	var objs []*object
-	for _, dir := range manifestDirs {
-		for _, f := range globYAML(t, dir) {
-			r := rel(t, f)
-			if helmValues[r] {
-				continue
-			}
-			for i, doc := range yamlDocs(t, f) {
-				o, err := decodeManifest(r, doc)
-				if err != nil {
-					t.Errorf("%s: document %d: %v", r, i+1, err)
-					continue
-				}
-				objs = append(objs, o)
-			}
-		}
+	objs, errs := decodeFiles(manifestFiles(t))
+	for _, err := range errs {
+		t.Error(err)
 	}
 	return objs
 }
@@ -197,11 +226,13 @@ type set struct {
 	pods []*podInfo // filled by checkDeployment
 }
 
-func loadSet(t *testing.T, all []*object, name string) *set {
+// buildSet gathers apply set name's objects; a kind and name defined twice
+// is a problem.
+func buildSet(p *problems, all []*object, name string) *set {
 	s := &set{name: name}
 	for _, o := range all {
-		for _, p := range applySets[name] {
-			if o.file == p || strings.HasPrefix(o.file, p+"/") {
+		for _, path := range applySets[name] {
+			if o.file == path || strings.HasPrefix(o.file, path+"/") {
 				s.objs = append(s.objs, o)
 			}
 		}
@@ -210,11 +241,33 @@ func loadSet(t *testing.T, all []*object, name string) *set {
 	for _, o := range s.objs {
 		key := o.kind + "/" + o.meta.Name
 		if prev, dup := seen[key]; dup {
-			t.Errorf("apply set %s: %s %s is defined in %s and %s", name, o.kind, o.meta.Name, prev, o.file)
+			p.add("apply set %s: %s %s is defined in %s and %s", name, o.kind, o.meta.Name, prev, o.file)
 		}
 		seen[key] = o.file
 	}
 	return s
+}
+
+// checkSet runs every check of an apply set.
+func checkSet(p *problems, s *set, mesh *meshInfo) {
+	if len(s.deployments()) == 0 {
+		p.add("apply set %s has no Deployment", s.name)
+	}
+	for _, d := range s.deployments() {
+		s.pods = append(s.pods, checkDeployment(p, s, d))
+	}
+	for _, o := range s.objs {
+		switch obj := o.k8s.(type) {
+		case *corev1.Service:
+			checkService(p, s, o, obj)
+		case *policyv1.PodDisruptionBudget:
+			checkPDB(p, s, o, obj)
+		case *networkingv1.NetworkPolicy:
+			checkNetworkPolicy(p, s, o, obj)
+		}
+	}
+	checkIstio(p, s, mesh)
+	checkIsolation(p, s)
 }
 
 func (s *set) find(kind, name string) *object {
@@ -275,6 +328,7 @@ func selects(sel map[string]string, labels map[string]string) bool {
 // TestApplySets checks each apply set's cross references and pods.
 func TestApplySets(t *testing.T) {
 	all := loadManifests(t)
+	mesh := loadMeshConfig(t)
 	names := make([]string, 0, len(applySets))
 	for n := range applySets {
 		names = append(names, n)
@@ -282,26 +336,8 @@ func TestApplySets(t *testing.T) {
 	sort.Strings(names)
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
-			s := loadSet(t, all, name)
-			if len(s.deployments()) == 0 {
-				t.Fatalf("apply set %s has no Deployment", name)
-			}
 			var p problems
-			for _, d := range s.deployments() {
-				s.pods = append(s.pods, checkDeployment(&p, s, d))
-			}
-			for _, o := range s.objs {
-				switch obj := o.k8s.(type) {
-				case *corev1.Service:
-					checkService(&p, s, o, obj)
-				case *policyv1.PodDisruptionBudget:
-					checkPDB(&p, s, o, obj)
-				case *networkingv1.NetworkPolicy:
-					checkNetworkPolicy(&p, s, o, obj)
-				}
-			}
-			checkIstio(&p, s, loadMeshConfig(t))
-			checkIsolation(&p, s)
+			checkSet(&p, buildSet(&p, all, name), mesh)
 			p.report(t)
 		})
 	}

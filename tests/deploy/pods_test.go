@@ -340,6 +340,9 @@ func checkExtauthzContainer(p *problems, s *set, d *object, volumes map[string]*
 		p.add("%s: %v", name, err)
 		return nil, 0
 	}
+	if err := extauthzValidate(fmt.Sprintf("%s (ConfigMap %s key %s)", d.file, cm, key), []byte(text)); err != nil {
+		p.add("%v", err)
+	}
 	sc, err := parseSidecarConfig([]byte(text))
 	if err != nil {
 		p.add("%s: ConfigMap %s key %s: %v", name, cm, key, err)
