@@ -2,6 +2,7 @@
 # Deploys Redis and the sidecar layout (k8s/redis, k8s/sidecar) into
 # $NAMESPACE and waits until every pod is ready.
 set -euo pipefail
+# shellcheck source=scripts/kind/env.sh
 source "$(dirname "$0")/env.sh"
 need kubectl
 

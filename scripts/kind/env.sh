@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # the variables are for the scripts that source this
 # Settings shared by the kind scripts; each can be overridden from the
 # environment. Sourced, not run.
 CLUSTER="${CLUSTER:-extauthz}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the extauthz image from the Dockerfile.
 set -euo pipefail
+# shellcheck source=scripts/kind/env.sh
 source "$(dirname "$0")/env.sh"
 need docker
 

@@ -2,6 +2,7 @@
 # Builds the image and copies it into every node of the kind cluster, so
 # pods start from it without a registry (imagePullPolicy: IfNotPresent).
 set -euo pipefail
+# shellcheck source=scripts/kind/env.sh
 source "$(dirname "$0")/env.sh"
 need kind docker
 

@@ -3,6 +3,7 @@
 # a key, an unknown key is a 401, and the demo key (plan free, 5 a minute)
 # is allowed with RateLimit headers until a 429 arrives with Retry-After.
 set -euo pipefail
+# shellcheck source=scripts/kind/env.sh
 source "$(dirname "$0")/env.sh"
 need curl
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates the kind cluster from kind-cluster.yaml (once).
 set -euo pipefail
+# shellcheck source=scripts/kind/env.sh
 source "$(dirname "$0")/env.sh"
 need kind kubectl docker
 

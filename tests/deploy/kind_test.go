@@ -101,4 +101,14 @@ func TestKindScripts(t *testing.T) {
 			}
 		}
 	}
+	// shellcheck where installed (apt-get install shellcheck): warnings
+	// and errors fail, style notes do not.
+	if _, err := exec.LookPath("shellcheck"); err == nil {
+		args := append([]string{"-x", "-S", "warning"}, files...)
+		cmd := exec.Command("shellcheck", args...)
+		cmd.Dir = repoRoot(t)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("shellcheck: %v\n%s", err, out)
+		}
+	}
 }
