@@ -1,0 +1,521 @@
+package deploy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime/debug"
+	"strings"
+	"testing"
+	"time"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extauthzv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_authz/v3"
+	jwtauthnv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	// Every extension a shipped bootstrap names in a typed_config. protojson
+	// resolves "@type" against the types linked in, so a missing import
+	// fails loudly ("unable to resolve"), never silently.
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+)
+
+// Names Envoy knows the extensions by.
+const (
+	extAuthzFilter = "envoy.filters.http.ext_authz"
+	jwtAuthnFilter = "envoy.filters.http.jwt_authn"
+	httpOptionsKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+	// maxCheckTimeout is the ext_authz budget: SPEC §4 sizes Redis calls
+	// to fit inside Envoy's 200ms.
+	maxCheckTimeout = 200 * time.Millisecond
+)
+
+// loadBootstrap decodes an Envoy bootstrap from YAML the way Envoy does:
+// strictly (an unknown field fails), every typed_config resolved to its
+// message, and every message, including those inside Anys, passed through
+// the generated ValidateAll.
+func loadBootstrap(data []byte) (*bootstrapv3.Bootstrap, error) {
+	js, err := strictJSON(data)
+	if err != nil {
+		return nil, err
+	}
+	b := &bootstrapv3.Bootstrap{}
+	if err := protojson.Unmarshal(js, b); err != nil {
+		return nil, err
+	}
+	if err := validateDeep(b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// validateDeep runs ValidateAll on m and on every message packed in an Any
+// below it; PGV's ValidateAll stops at Any fields.
+func validateDeep(m proto.Message) error {
+	if v, ok := m.(interface{ ValidateAll() error }); ok {
+		if err := v.ValidateAll(); err != nil {
+			return fmt.Errorf("%s: %w", m.ProtoReflect().Descriptor().FullName(), err)
+		}
+	}
+	var err error
+	walkAnys(m.ProtoReflect(), func(a *anypb.Any) bool {
+		inner, uerr := a.UnmarshalNew()
+		if uerr != nil {
+			err = fmt.Errorf("%s: %w", a.GetTypeUrl(), uerr)
+			return false
+		}
+		if verr := validateDeep(inner); verr != nil {
+			err = verr
+			return false
+		}
+		return true
+	})
+	return err
+}
+
+// walkAnys calls fn for each Any directly reachable from m (not inside
+// another Any) until fn returns false.
+func walkAnys(m protoreflect.Message, fn func(*anypb.Any) bool) bool {
+	if a, ok := m.Interface().(*anypb.Any); ok {
+		return fn(a)
+	}
+	cont := true
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsMap():
+			if fd.MapValue().Message() != nil {
+				v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+					cont = walkAnys(mv.Message(), fn)
+					return cont
+				})
+			}
+		case fd.IsList():
+			if fd.Message() != nil {
+				l := v.List()
+				for i := 0; i < l.Len() && cont; i++ {
+					cont = walkAnys(l.Get(i).Message(), fn)
+				}
+			}
+		case fd.Message() != nil:
+			cont = walkAnys(v.Message(), fn)
+		}
+		return cont
+	})
+	return cont
+}
+
+// unpack decodes an Any into a new T.
+func unpack[T proto.Message](a *anypb.Any) (T, bool) {
+	var zero T
+	if a == nil {
+		return zero, false
+	}
+	m, err := a.UnmarshalNew()
+	if err != nil {
+		return zero, false
+	}
+	t, ok := m.(T)
+	return t, ok
+}
+
+// hcms returns every HTTP connection manager in b's static listeners.
+func hcms(b *bootstrapv3.Bootstrap) []*hcmv3.HttpConnectionManager {
+	var out []*hcmv3.HttpConnectionManager
+	for _, l := range b.GetStaticResources().GetListeners() {
+		for _, fc := range l.GetFilterChains() {
+			for _, f := range fc.GetFilters() {
+				if h, ok := unpack[*hcmv3.HttpConnectionManager](f.GetTypedConfig()); ok {
+					out = append(out, h)
+				}
+			}
+		}
+	}
+	return out
+}
+
+func clusterByName(b *bootstrapv3.Bootstrap, name string) *clusterv3.Cluster {
+	for _, c := range b.GetStaticResources().GetClusters() {
+		if c.GetName() == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// socketAddresses returns the TCP endpoints of a static cluster.
+func socketAddresses(c *clusterv3.Cluster) []*corev3.SocketAddress {
+	var out []*corev3.SocketAddress
+	for _, le := range c.GetLoadAssignment().GetEndpoints() {
+		for _, lb := range le.GetLbEndpoints() {
+			if sa := lb.GetEndpoint().GetAddress().GetSocketAddress(); sa != nil {
+				out = append(out, sa)
+			}
+		}
+	}
+	return out
+}
+
+func pipePaths(c *clusterv3.Cluster) []string {
+	var out []string
+	for _, le := range c.GetLoadAssignment().GetEndpoints() {
+		for _, lb := range le.GetLbEndpoints() {
+			if p := lb.GetEndpoint().GetAddress().GetPipe(); p != nil {
+				out = append(out, p.GetPath())
+			}
+		}
+	}
+	return out
+}
+
+// checkBootstrap checks an Envoy bootstrap against the extauthz config it
+// is deployed with. raw is its YAML, for settings proto3 cannot tell from
+// their defaults.
+func checkBootstrap(p *problems, name string, raw []byte, b *bootstrapv3.Bootstrap, sc *sidecarConfig) {
+	if a := b.GetAdmin().GetAddress().GetSocketAddress(); a != nil {
+		if ip := net.ParseIP(a.GetAddress()); ip == nil || !ip.IsLoopback() {
+			p.add("%s: admin listens on %s: the admin API must stay on loopback", name, a.GetAddress())
+		}
+	}
+	managers := hcms(b)
+	if len(managers) == 0 {
+		p.add("%s: no http_connection_manager", name)
+		return
+	}
+	explicit, err := explicitFailureMode(raw)
+	if err != nil {
+		p.add("%s: %v", name, err)
+		return
+	}
+	for _, h := range managers {
+		checkHCM(p, name, b, h, sc, explicit)
+	}
+}
+
+// explicitFailureMode reports, for each ext_authz typed_config in the YAML,
+// whether it states failure_mode_allow. proto3 cannot tell false from
+// absent, and this choice must be made on purpose.
+func explicitFailureMode(raw []byte) ([]bool, error) {
+	js, err := strictJSON(raw)
+	if err != nil {
+		return nil, err
+	}
+	var doc any
+	if err := json.Unmarshal(js, &doc); err != nil {
+		return nil, err
+	}
+	var out []bool
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if v["@type"] == "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz" {
+				_, ok := v["failure_mode_allow"]
+				out = append(out, ok)
+			}
+			for _, x := range v {
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	walk(doc)
+	return out, nil
+}
+
+func checkHCM(p *problems, name string, b *bootstrapv3.Bootstrap, h *hcmv3.HttpConnectionManager, sc *sidecarConfig, explicit []bool) {
+	filters := h.GetHttpFilters()
+	if len(filters) == 0 {
+		p.add("%s: http_connection_manager has no http_filters", name)
+		return
+	}
+	if _, ok := unpack[*routerv3.Router](filters[len(filters)-1].GetTypedConfig()); !ok {
+		p.add("%s: the last http filter is %s, want the router", name, filters[len(filters)-1].GetName())
+	}
+	var ea *extauthzv3.ExtAuthz
+	var jwt *jwtauthnv3.JwtAuthentication
+	eaIndex, jwtIndex := -1, -1
+	names := map[string]bool{}
+	for i, f := range filters {
+		names[f.GetName()] = true
+		if x, ok := unpack[*extauthzv3.ExtAuthz](f.GetTypedConfig()); ok {
+			if ea != nil {
+				p.add("%s: more than one ext_authz filter", name)
+			}
+			ea, eaIndex = x, i
+			if f.GetName() != extAuthzFilter {
+				// Its dynamic metadata and per-route configs go by this name.
+				p.add("%s: ext_authz filter is named %q, want %s", name, f.GetName(), extAuthzFilter)
+			}
+		}
+		if x, ok := unpack[*jwtauthnv3.JwtAuthentication](f.GetTypedConfig()); ok {
+			jwt, jwtIndex = x, i
+		}
+	}
+	if ea == nil {
+		p.add("%s: no ext_authz filter", name)
+		return
+	}
+	if len(explicit) == 0 || !explicit[0] {
+		p.add("%s: ext_authz must state failure_mode_allow explicitly, with the reason", name)
+	}
+
+	if ea.GetTransportApiVersion() != corev3.ApiVersion_V3 {
+		p.add("%s: ext_authz transport_api_version is %s, want V3", name, ea.GetTransportApiVersion())
+	}
+	if ea.GetWithRequestBody() != nil {
+		p.add("%s: ext_authz with_request_body is set: extauthz decides on headers; buffering bodies only adds latency", name)
+	}
+	if s := ea.GetStatusOnError().GetCode(); s < 500 || s > 599 {
+		p.add("%s: ext_authz status_on_error is %d, want a 5xx (the default 403 blames the client)", name, s)
+	}
+	gs := ea.GetGrpcService()
+	if gs == nil {
+		p.add("%s: ext_authz has no grpc_service (extauthz speaks gRPC)", name)
+		return
+	}
+	timeout := gs.GetTimeout().AsDuration()
+	if gs.GetTimeout() == nil || timeout <= 0 || timeout > maxCheckTimeout {
+		p.add("%s: ext_authz grpc_service.timeout is %v, want set and at most %v", name, timeout, maxCheckTimeout)
+	}
+	if rt := sc.redisTimeout(); sc.usesRedis() && timeout <= 2*rt {
+		p.add("%s: ext_authz timeout %v leaves no room for extauthz's Redis timeout %v", name, timeout, rt)
+	}
+	clusterName := gs.GetEnvoyGrpc().GetClusterName()
+	if clusterName == "" {
+		p.add("%s: ext_authz grpc_service must use envoy_grpc with a cluster_name", name)
+		return
+	}
+	checkExtAuthzCluster(p, name, b, clusterName, sc)
+
+	// jwt_authn in front: claims reach extauthz only through the metadata
+	// context, and only if jwt_authn runs first and stores the payload.
+	forwardsJWT := contains(ea.GetMetadataContextNamespaces(), jwtAuthnFilter)
+	if jwt != nil {
+		if jwtIndex > eaIndex {
+			p.add("%s: jwt_authn runs after ext_authz: claims are not verified when extauthz decides", name)
+		}
+		if !forwardsJWT {
+			p.add("%s: ext_authz metadata_context_namespaces lacks %s: claim keys would see nothing", name, jwtAuthnFilter)
+		}
+		for pname, prov := range jwt.GetProviders() {
+			if prov.GetPayloadInMetadata() == "" {
+				p.add("%s: jwt_authn provider %s has no payload_in_metadata: extauthz cannot read its claims", name, pname)
+			}
+			if len(prov.GetFromHeaders()) == 0 && (sc.Clients.Bearer == nil || *sc.Clients.Bearer) {
+				p.add("%s: jwt_authn provider %s reads Authorization: Bearer, but the extauthz config does not set clients.bearer: false (every JWT would be taken for an unknown API key)", name, pname)
+			}
+		}
+	}
+	if sc.usesClaims() && (jwt == nil || !forwardsJWT) {
+		p.add("%s: the extauthz config keys on JWT claims, but no jwt_authn filter feeds ext_authz", name)
+	}
+
+	checkRoutes(p, name, b, h, sc, names)
+}
+
+// checkExtAuthzCluster checks the cluster ext_authz calls: HTTP/2, and
+// every endpoint where the extauthz config listens.
+func checkExtAuthzCluster(p *problems, name string, b *bootstrapv3.Bootstrap, clusterName string, sc *sidecarConfig) {
+	c := clusterByName(b, clusterName)
+	if c == nil {
+		p.add("%s: ext_authz cluster %q is not defined", name, clusterName)
+		return
+	}
+	opts, ok := unpack[*httpv3.HttpProtocolOptions](c.GetTypedExtensionProtocolOptions()[httpOptionsKey])
+	if !ok || opts.GetExplicitHttpConfig().GetHttp2ProtocolOptions() == nil {
+		p.add("%s: cluster %s is not HTTP/2 (typed_extension_protocol_options %s explicit_http_config.http2_protocol_options): gRPC needs it", name, clusterName, httpOptionsKey)
+	}
+	listen, err := sc.grpcEndpoint()
+	if err != nil {
+		p.add("%s: extauthz listen.grpc: %v", name, err)
+		return
+	}
+	addrs, pipes := socketAddresses(c), pipePaths(c)
+	if len(addrs)+len(pipes) == 0 {
+		p.add("%s: cluster %s has no endpoints", name, clusterName)
+		return
+	}
+	for _, sa := range addrs {
+		if !listen.reaches(sa.GetAddress(), sa.GetPortValue()) {
+			p.add("%s: cluster %s sends Checks to %s:%d, but extauthz listens on %s", name, clusterName, sa.GetAddress(), sa.GetPortValue(), sc.Listen.GRPC)
+		}
+	}
+	for _, pipe := range pipes {
+		if listen.unix != pipe {
+			p.add("%s: cluster %s sends Checks to unix %s, but extauthz listens on %s", name, clusterName, pipe, sc.Listen.GRPC)
+		}
+	}
+}
+
+// checkRoutes checks per-route ext_authz settings: health checks bypass it,
+// every context_extensions selects a policy, every context policy is
+// selected by some route, and per-filter configs name filters that exist.
+func checkRoutes(p *problems, name string, b *bootstrapv3.Bootstrap, h *hcmv3.HttpConnectionManager, sc *sidecarConfig, filters map[string]bool) {
+	rc := h.GetRouteConfig()
+	if rc == nil {
+		p.add("%s: http_connection_manager needs an inline route_config", name)
+		return
+	}
+	healthBypass := false
+	var contexts []map[string]string
+	for _, vh := range rc.GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			rname := fmt.Sprintf("route %q", r.GetName())
+			if cl := r.GetRoute().GetCluster(); cl != "" && clusterByName(b, cl) == nil {
+				p.add("%s: %s goes to undefined cluster %q", name, rname, cl)
+			}
+			for key := range r.GetTypedPerFilterConfig() {
+				if !filters[key] {
+					p.add("%s: %s configures filter %q, which is not in the filter chain (Envoy ignores it)", name, rname, key)
+				}
+			}
+			per, ok := unpack[*extauthzv3.ExtAuthzPerRoute](r.GetTypedPerFilterConfig()[extAuthzFilter])
+			if !ok {
+				continue
+			}
+			if per.GetDisabled() {
+				if strings.Contains(routePath(r), "health") {
+					healthBypass = true
+				}
+				continue
+			}
+			if ext := per.GetCheckSettings().GetContextExtensions(); len(ext) > 0 {
+				contexts = append(contexts, ext)
+				selected := false
+				for _, pol := range sc.Policies {
+					if len(pol.Match.Context) > 0 && contextSelects(pol.Match.Context, ext) {
+						selected = true
+					}
+				}
+				if !selected {
+					p.add("%s: %s sends context_extensions %v, which select no extauthz policy", name, rname, ext)
+				}
+			}
+		}
+	}
+	if !healthBypass {
+		p.add("%s: no health-check route with ExtAuthzPerRoute disabled: probes would need a key and spend quota", name)
+	}
+	for _, pol := range sc.Policies {
+		if len(pol.Match.Context) == 0 {
+			continue
+		}
+		used := false
+		for _, ext := range contexts {
+			if contextSelects(pol.Match.Context, ext) {
+				used = true
+			}
+		}
+		if !used {
+			p.add("%s: extauthz policy %s matches context %v, which no route sends", name, pol.Name, pol.Match.Context)
+		}
+	}
+}
+
+func routePath(r *routev3.Route) string {
+	m := r.GetMatch()
+	return m.GetPath() + m.GetPrefix() + m.GetPathSeparatedPrefix()
+}
+
+// TestEnvoyBootstraps checks each bootstrap under envoy/ with the extauthz
+// config it is paired with: envoy/envoy[-X].yaml with envoy/extauthz[-X].yaml.
+func TestEnvoyBootstraps(t *testing.T) {
+	files := globYAML(t, "envoy")
+	configs := map[string]bool{}
+	for _, f := range files {
+		base := filepath.Base(f)
+		switch {
+		case strings.HasPrefix(base, "extauthz"):
+			configs[f] = false
+		case !strings.HasPrefix(base, "envoy"):
+			t.Errorf("%s: envoy/ holds envoy*.yaml bootstraps and extauthz*.yaml configs only", rel(t, f))
+		}
+	}
+	for _, f := range files {
+		base := filepath.Base(f)
+		if !strings.HasPrefix(base, "envoy") {
+			continue
+		}
+		t.Run(base, func(t *testing.T) {
+			pair := filepath.Join(filepath.Dir(f), "extauthz"+strings.TrimPrefix(base, "envoy"))
+			if _, ok := configs[pair]; !ok {
+				t.Fatalf("%s has no paired extauthz config %s", rel(t, f), rel(t, pair))
+			}
+			configs[pair] = true
+			raw := readFile(t, f)
+			b, err := loadBootstrap(raw)
+			if err != nil {
+				t.Fatalf("%s: %v", rel(t, f), err)
+			}
+			sc, err := parseSidecarConfig(readFile(t, pair))
+			if err != nil {
+				t.Fatalf("%s: %v", rel(t, pair), err)
+			}
+			var p problems
+			checkBootstrap(&p, rel(t, f), raw, b, sc)
+			p.report(t)
+		})
+	}
+	for f, paired := range configs {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			if !paired {
+				t.Errorf("%s has no envoy bootstrap paired with it", rel(t, f))
+			}
+			validateSidecarConfig(t, rel(t, f), readFile(t, f))
+		})
+	}
+}
+
+// TestEnvoyImageMatchesAPI checks that the Envoy image the manifests run is
+// the release whose API these tests validate against: go-control-plane's
+// envoy module is versioned with Envoy.
+func TestEnvoyImageMatchesAPI(t *testing.T) {
+	api := ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if d.Path == "github.com/envoyproxy/go-control-plane/envoy" {
+				api = d.Version
+			}
+		}
+	}
+	if api == "" {
+		t.Skip("no build info for go-control-plane/envoy")
+	}
+	minor := regexp.MustCompile(`^v\d+\.\d+`).FindString(api)
+	images := envoyImages(t)
+	if len(images) == 0 {
+		t.Fatal("no envoyproxy/envoy image in k8s/")
+	}
+	for _, img := range images {
+		tag := img[strings.LastIndex(img, ":")+1:]
+		if !strings.HasPrefix(tag, minor+".") && tag != minor+"-latest" {
+			t.Errorf("image %s: the tests validate Envoy configs against API %s; use an %s.x image or move tests/deploy/go.mod", img, api, minor)
+		}
+	}
+}
+
+func readFile(t testing.TB, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

@@ -1,0 +1,218 @@
+package deploy
+
+import (
+	"strings"
+	"testing"
+)
+
+// The tests below break a shipped file in one way each and check that the
+// checks notice, so a check that silently stops checking fails here.
+
+// edit returns text with old replaced by new once, failing t if old is not
+// there: a mistake that no longer applies must not pass by accident.
+func edit(t *testing.T, text []byte, old, new string) []byte {
+	t.Helper()
+	if !strings.Contains(string(text), old) {
+		t.Fatalf("the file no longer contains %q; update this test", old)
+	}
+	return []byte(strings.Replace(string(text), old, new, 1))
+}
+
+func TestEnvoyChecksCatchMistakes(t *testing.T) {
+	type files struct{ envoy, sidecar string }
+	plain := files{"envoy/envoy.yaml", "envoy/extauthz.yaml"}
+	jwt := files{"envoy/envoy-jwt.yaml", "envoy/extauthz-jwt.yaml"}
+	for _, tc := range []struct {
+		name       string
+		files      files
+		inSidecar  bool // edit the extauthz config, not the bootstrap
+		old, new   string
+		want       string // in a problem, or in the load error
+		loadFailed bool
+	}{
+		{name: "cluster port", files: plain, old: "port_value: 9001", new: "port_value: 9002",
+			want: "sends Checks to 127.0.0.1:9002, but extauthz listens on 127.0.0.1:9001"},
+		{name: "sidecar address", files: plain, inSidecar: true, old: "grpc: 127.0.0.1:9001", new: "grpc: 10.1.2.3:9001",
+			want: "but extauthz listens on 10.1.2.3:9001"},
+		{name: "HTTP/1 cluster", files: plain, old: "http2_protocol_options: {}", new: "http_protocol_options: {}",
+			want: "is not HTTP/2"},
+		{name: "implicit failure mode", files: plain, old: "failure_mode_allow: false", new: "",
+			want: "state failure_mode_allow explicitly"},
+		{name: "long timeout", files: plain, old: "timeout: 0.2s", new: "timeout: 2s",
+			want: "grpc_service.timeout is 2s"},
+		{name: "default status on error", files: plain, old: "status_on_error: {code: ServiceUnavailable}", new: "",
+			want: "status_on_error is 0"},
+		{name: "request body", files: plain, old: "stat_prefix: extauthz", new: "stat_prefix: extauthz\n                      with_request_body: {max_request_bytes: 1024}",
+			want: "with_request_body is set"},
+		{name: "context typo", files: plain, old: "context_extensions: {route: orders}", new: "context_extensions: {route: order}",
+			want: "select no extauthz policy"},
+		{name: "context policy unused", files: plain, old: "context_extensions: {route: orders}", new: "context_extensions: {route: order}",
+			want: "matches context map[route:orders], which no route sends"},
+		{name: "health check checked", files: plain, old: "disabled: true", new: "disabled: false",
+			want: "no health-check route with ExtAuthzPerRoute disabled"},
+		{name: "per-route filter typo", files: plain, old: "typed_per_filter_config:\n                            envoy.filters.http.ext_authz:", new: "typed_per_filter_config:\n                            envoy.filters.http.extauthz:",
+			want: `configures filter "envoy.filters.http.extauthz", which is not in the filter chain`},
+		{name: "admin exposed", files: plain, old: "address: 127.0.0.1, port_value: 9901", new: "address: 0.0.0.0, port_value: 9901",
+			want: "admin API must stay on loopback"},
+		{name: "unknown field", files: plain, old: "failure_mode_allow: false", new: "failure_mode_alow: false",
+			want: "unknown field", loadFailed: true},
+		{name: "unresolvable type", files: plain, old: "router.v3.Router", new: "router.v3.Routr",
+			want: "router.v3.Routr", loadFailed: true},
+		{name: "ValidateAll", files: plain, old: "connect_timeout: 0.25s", new: "connect_timeout: 0s",
+			want: "ConnectTimeout", loadFailed: true},
+		{name: "claims not forwarded", files: jwt, old: "metadata_context_namespaces: [envoy.filters.http.jwt_authn]", new: "",
+			want: "metadata_context_namespaces lacks envoy.filters.http.jwt_authn"},
+		{name: "bearer keys with JWTs", files: jwt, inSidecar: true, old: "bearer: false", new: "bearer: true",
+			want: "does not set clients.bearer: false"},
+		{name: "no payload in metadata", files: jwt, old: "payload_in_metadata: jwt_payload", new: "",
+			want: "has no payload_in_metadata"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			envoyText := readFile(t, repoPath(t, tc.files.envoy))
+			sidecarText := readFile(t, repoPath(t, tc.files.sidecar))
+			if tc.inSidecar {
+				sidecarText = edit(t, sidecarText, tc.old, tc.new)
+			} else {
+				envoyText = edit(t, envoyText, tc.old, tc.new)
+			}
+			b, err := loadBootstrap(envoyText)
+			if tc.loadFailed {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("load error %v, want one mentioning %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc, err := parseSidecarConfig(sidecarText)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var p problems
+			checkBootstrap(&p, tc.files.envoy, envoyText, b, sc)
+			if !p.has(tc.want) {
+				t.Errorf("no problem mentions %q; got %q", tc.want, p.list)
+			}
+		})
+	}
+}
+
+func TestManifestChecksCatchMistakes(t *testing.T) {
+	for _, tc := range []struct {
+		name, set, file string
+		old, new        string
+		want            string
+	}{
+		{"unknown field", "sidecar", "k8s/sidecar/deployment.yaml",
+			"readOnlyRootFilesystem: true", "readOnlyRootFileSystem: true", `unknown field "spec.template.spec.initContainers[0].securityContext.readOnlyRootFileSystem"`},
+		{"duplicate field", "sidecar", "k8s/sidecar/service.yaml",
+			"  selector:\n", "  type: ClusterIP\n  type: NodePort\n  selector:\n", `key "type" already set`},
+		{"probe port", "sidecar", "k8s/sidecar/deployment.yaml",
+			"startupProbe:\n            grpc: {port: 9001", "startupProbe:\n            grpc: {port: 9002", "startupProbe points at a port the container does not declare"},
+		{"readiness on the wrong port", "sidecar", "k8s/sidecar/deployment.yaml",
+			"readinessProbe:\n            grpc: {port: 9001, service: envoy.service.auth.v3.Authorization}", "readinessProbe:\n            httpGet: {path: /readyz, port: admin}", "readinessProbe must be a gRPC probe of the Check port 9001"},
+		{"secret key", "sidecar", "k8s/sidecar/deployment.yaml",
+			"secretKeyRef: {name: extauthz-redis, key: password}", "secretKeyRef: {name: extauthz-redis, key: passwd}", "Secret extauthz-redis has no key passwd"},
+		{"replica id", "sidecar", "k8s/sidecar/deployment.yaml",
+			"fieldRef: {fieldPath: metadata.name}", "fieldRef: {fieldPath: metadata.namespace}", "EXTAUTHZ_REPLICA_ID must come from the downward API"},
+		{"GOMAXPROCS without a limit", "sidecar", "k8s/sidecar/deployment.yaml",
+			`limits: {cpu: "2", memory: 256Mi}   # local.max_keys`, `limits: {memory: 256Mi}   # local.max_keys`, "env GOMAXPROCS reads limits.cpu, but the container sets no such limit"},
+		{"undefined $(VAR)", "sidecar", "k8s/sidecar/deployment.yaml",
+			"- $(ENVOY_CONCURRENCY)", "- $(ENVOY_WORKERS)", "refers to $(ENVOY_WORKERS)"},
+		{"root filesystem writable", "sidecar", "k8s/sidecar/deployment.yaml",
+			"readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false", "readOnlyRootFilesystem must be true"},
+		{"latest image", "sidecar", "k8s/sidecar/deployment.yaml",
+			"image: envoyproxy/envoy:v1.40.0", "image: envoyproxy/envoy:latest", "pin a version"},
+		{"probe on loopback", "sidecar", "k8s/sidecar/extauthz-config.yaml",
+			"grpc: 0.0.0.0:9001", "grpc: 127.0.0.1:9001", "the kubelet connects to the pod IP"},
+		{"Check port open to other pods", "sidecar", "k8s/sidecar/networkpolicy.yaml",
+			"- {protocol: TCP, port: 8080}", "- {protocol: TCP, port: 8080}\n        - {protocol: TCP, port: 9001}", "no NetworkPolicy keeps other pods from it"},
+		{"invalid extauthz config", "sidecar", "k8s/sidecar/extauthz-config.yaml",
+			"algorithm: token_bucket", "algorithm: token_bukket", "extauthz validate"},
+		{"Envoy calls the wrong port", "sidecar", "k8s/sidecar/envoy-config.yaml",
+			"port_value: 9001", "port_value: 9002", "sends Checks to 127.0.0.1:9002"},
+		{"Envoy's app port", "sidecar", "k8s/sidecar/envoy-config.yaml",
+			"port_value: 8081", "port_value: 8082", "cluster app goes to 127.0.0.1:8082, which no container in the pod declares"},
+		{"subPath mount", "sidecar", "k8s/sidecar/deployment.yaml",
+			"{name: extauthz-config, mountPath: /etc/extauthz, readOnly: true}", "{name: extauthz-config, mountPath: /etc/extauthz/extauthz.yaml, subPath: extauthz.yaml, readOnly: true}", "with subPath"},
+		{"Service target", "sidecar", "k8s/sidecar/service.yaml",
+			"targetPort: http", "targetPort: htp", "targets htp, which no container declares"},
+		{"PDB blocks drains", "sidecar", "k8s/sidecar/pdb.yaml",
+			"maxUnavailable: 1", "minAvailable: 2", "blocks every drain"},
+		{"Istio spec unknown field", "istio-same-pod", "k8s/istio/same-pod/authorizationpolicy.yaml",
+			"notPaths:", "notPath:", `unknown field "notPath"`},
+		{"Istio provider", "istio-same-pod", "k8s/istio/same-pod/authorizationpolicy.yaml",
+			"name: extauthz-local", "name: extauthz-locl", `provider "extauthz-locl" is not an envoyExtAuthzGrpc provider`},
+		{"ServiceEntry port", "istio-same-pod", "k8s/istio/same-pod/serviceentry.yaml",
+			"number: 9001", "number: 9002", "has no GRPC port 9001"},
+		{"shared Service port", "istio-shared", "k8s/istio/shared/extauthz.yaml",
+			"targetPort: grpc, appProtocol: grpc", "targetPort: admin, appProtocol: grpc", "does not reach extauthz's listen.grpc"},
+		{"shared extauthz open", "istio-shared", "k8s/istio/shared/security.yaml",
+			"action: ALLOW", "action: AUDIT", "a shared extauthz needs a NetworkPolicy or an Istio ALLOW AuthorizationPolicy"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			files := manifestFiles(t)
+			files[tc.file] = edit(t, files[tc.file], tc.old, tc.new)
+			objs, errs := decodeFiles(files)
+			var p problems
+			for _, err := range errs {
+				p.add("%v", err)
+			}
+			checkSet(&p, buildSet(&p, objs, tc.set), loadMeshConfig(t))
+			if !p.has(tc.want) {
+				t.Errorf("no problem mentions %q; got %q", tc.want, p.list)
+			}
+		})
+	}
+}
+
+func TestDockerfileChecksCatchMistakes(t *testing.T) {
+	root := repoRoot(t)
+	for _, tc := range []struct{ name, old, new, want string }{
+		{"cgo", "CGO_ENABLED=0 GOOS", "CGO_ENABLED=1 GOOS", "want CGO_ENABLED=0"},
+		{"package", "/out/extauthz ./cmd/extauthz", "/out/extauthz ./cmd/other", `compiles "./cmd/other"`},
+		{"root", "USER 65532:65532", "USER root", `USER "root"`},
+		{"no user", "USER 65532:65532", "", `USER ""`},
+		{"old Go", "ARG GO_VERSION=1.26.8", "ARG GO_VERSION=1.21", "uses Go 1.21"},
+		{"fat base", "FROM gcr.io/distroless/static:nonroot", "FROM debian:13", "want scratch or gcr.io/distroless/static"},
+		{"entrypoint", `ENTRYPOINT ["/extauthz"]`, `ENTRYPOINT ["/bin/extauthz"]`, "is not the binary built"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			text := edit(t, readFile(t, repoPath(t, "Dockerfile")), tc.old, tc.new)
+			d, err := parseDockerfileText(text)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var p problems
+			checkDockerfile(&p, d, goModVersion(t, root))
+			if !p.has(tc.want) {
+				t.Errorf("no problem mentions %q; got %q", tc.want, p.list)
+			}
+		})
+	}
+}
+
+func TestMeshConfigChecksCatchMistakes(t *testing.T) {
+	for _, tc := range []struct{ name, old, new, want string }{
+		{"unknown field", "failOpen: false\n        # When", "failOpn: false\n        # When", "unknown field"},
+		{"implicit failOpen", "failOpen: false\n        # When", "# When", "state failOpen explicitly"},
+		{"slow", "timeout: 0.2s\n        # Fail", "timeout: 5s\n        # Fail", "timeout 5s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			text := edit(t, readFile(t, repoPath(t, meshConfigFile)), tc.old, tc.new)
+			m, err := parseMeshConfig(text)
+			var p problems
+			if err != nil {
+				p.add("%v", err)
+			} else {
+				for name, g := range m.providers {
+					checkProvider(&p, name, g, m.explicitFailOpen[name])
+				}
+			}
+			if !p.has(tc.want) {
+				t.Errorf("no problem mentions %q; got %q", tc.want, p.list)
+			}
+		})
+	}
+}

@@ -1,0 +1,162 @@
+package deploy
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// sidecarConfig is the part of an extauthz configuration the deployment
+// checks read: where it listens and what it expects from Envoy. The real
+// loader (`extauthz validate`) checks the whole file; this view is decoded
+// leniently so it never disagrees with the loader about the rest.
+type sidecarConfig struct {
+	Listen struct {
+		GRPC  string `json:"grpc"`
+		Admin string `json:"admin"`
+	} `json:"listen"`
+	Redis *struct {
+		Addrs       []string `json:"addrs"`
+		PasswordEnv string   `json:"password_env"`
+		Timeout     string   `json:"timeout"`
+	} `json:"redis"`
+	DefaultMode string `json:"default_mode"`
+	Clients     struct {
+		Bearer *bool `json:"bearer"`
+	} `json:"clients"`
+	Policies []struct {
+		Name  string `json:"name"`
+		Match struct {
+			Context map[string]string `json:"context"`
+		} `json:"match"`
+		Key  []string `json:"key"`
+		Mode string   `json:"mode"`
+	} `json:"policies"`
+}
+
+func parseSidecarConfig(data []byte) (*sidecarConfig, error) {
+	var c sidecarConfig
+	if err := yaml.Unmarshal(data, &c); err != nil {
+		return nil, err
+	}
+	// Shipped configs say where they listen rather than lean on defaults:
+	// the reader of a manifest should not need the source to know.
+	if c.Listen.GRPC == "" || c.Listen.Admin == "" {
+		return nil, fmt.Errorf("listen.grpc and listen.admin must be set explicitly")
+	}
+	return &c, nil
+}
+
+// redisTimeout is the per-call Redis timeout, 20ms when not given (the
+// loader's default, SPEC §4).
+func (c *sidecarConfig) redisTimeout() time.Duration {
+	if c.Redis == nil || c.Redis.Timeout == "" {
+		return 20 * time.Millisecond
+	}
+	d, err := time.ParseDuration(c.Redis.Timeout)
+	if err != nil {
+		return 0 // the loader reports it
+	}
+	return d
+}
+
+// usesClaims reports whether any policy keys on a JWT claim.
+func (c *sidecarConfig) usesClaims() bool {
+	for _, p := range c.Policies {
+		for _, k := range p.Key {
+			if strings.HasPrefix(k, "claim:") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// usesRedis reports whether any policy counts in Redis.
+func (c *sidecarConfig) usesRedis() bool {
+	if c.Redis == nil {
+		return false
+	}
+	mode := c.DefaultMode
+	if mode == "" {
+		mode = "hybrid" // the loader's default with a redis section
+	}
+	for _, p := range c.Policies {
+		m := p.Mode
+		if m == "" {
+			m = mode
+		}
+		if m != "local" {
+			return true
+		}
+	}
+	return false
+}
+
+// contextSelects reports whether a policy's match.context selects a request
+// carrying ext (every given key must match).
+func contextSelects(want, ext map[string]string) bool {
+	for k, v := range want {
+		if ext[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// grpcEndpoint is where the sidecar serves Check: a TCP host and port, or a
+// unix socket path.
+type grpcEndpoint struct {
+	host string
+	port uint32
+	unix string
+}
+
+func (c *sidecarConfig) grpcEndpoint() (grpcEndpoint, error) {
+	return parseListen(c.Listen.GRPC)
+}
+
+func parseListen(addr string) (grpcEndpoint, error) {
+	if path, ok := strings.CutPrefix(addr, "unix://"); ok {
+		return grpcEndpoint{unix: path}, nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return grpcEndpoint{}, err
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 {
+		return grpcEndpoint{}, fmt.Errorf("%q: needs a fixed port", addr)
+	}
+	return grpcEndpoint{host: host, port: uint32(n)}, nil
+}
+
+// reaches reports whether a connection to addr:port lands on a listener
+// bound to e: the same port, and the same address or a wildcard.
+func (e grpcEndpoint) reaches(addr string, port uint32) bool {
+	if e.unix != "" || e.port != port {
+		return false
+	}
+	switch e.host {
+	case "", "0.0.0.0", "::", "[::]":
+		return true
+	}
+	a, b := net.ParseIP(e.host), net.ParseIP(addr)
+	if a != nil && b != nil {
+		return a.Equal(b)
+	}
+	return e.host == addr
+}
+
+// isLoopback reports whether e accepts only same-host connections.
+func (e grpcEndpoint) isLoopback() bool {
+	if e.unix != "" {
+		return true
+	}
+	ip := net.ParseIP(e.host)
+	return ip != nil && ip.IsLoopback() || e.host == "localhost"
+}
