@@ -3,7 +3,8 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test unit e2e lint redis-server bench clean
+.PHONY: all build run test lint redis-server bench clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down
+IMAGE   ?= extauthz:dev
 
 all: build
 
@@ -16,7 +17,7 @@ run:
 
 # The whole suite: formatting, vet, unit tests and the end-to-end tests that
 # build the binary and start their own redis-server processes.
-test: redis-server lint
+test: redis-server lint test-deploy
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 lint:
@@ -29,6 +30,28 @@ redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
 		echo "redis-server not found: installing it (apt-get)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+
+# Deployment files against their real schemas; needs no Docker or cluster.
+# tests/deploy is a module of its own, so Kubernetes and Istio types stay out
+# of the product's dependencies.
+test-deploy:
+	cd tests/deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# Container image (Docker with BuildKit).
+image:
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+
+# A local kind cluster running k8s/sidecar (needs Docker, kind, kubectl).
+kind-up:
+	scripts/kind/up.sh
+kind-load:
+	IMAGE=$(IMAGE) scripts/kind/load.sh
+kind-apply:
+	scripts/kind/apply.sh
+kind-smoke:
+	scripts/kind/smoke.sh
+kind-down:
+	scripts/kind/down.sh
 
 clean:
 	rm -rf bin
