@@ -1,0 +1,298 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+
+	"github.com/extauthz/extauthz/internal/testredis"
+)
+
+// outageConfig uses a short Redis timeout: the point of these tests.
+func outageConfig(addr, mode, body string) string {
+	return fmt.Sprintf("redis: {addrs: [%s], timeout: 50ms}\ndefault_mode: %s\nlocal: {slice_idle: 200ms}\n%s", addr, mode, body)
+}
+
+const outageRedisTimeout = 50 * time.Millisecond
+
+// waitMetric polls a replica's metric until it equals want, for up to d.
+func waitMetric(t *testing.T, s *sidecar, d time.Duration, want float64, name string, labels ...string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		got := s.metric(name, labels...)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s%v = %v after %v, want %v", name, labels, got, d, want)
+		}
+		time.Sleep(20 * time.Millisecond) // the store probes once a second
+	}
+}
+
+// background drives requests until stop is closed, recording each
+// decision's start, latency and status. gRPC errors are recorded, not
+// fatal, so the test can report them all.
+type background struct {
+	mu      sync.Mutex
+	samples []sample
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+type sample struct {
+	start   time.Time
+	latency time.Duration
+	status  int
+	err     error
+}
+
+func startBackground(s *sidecar, workers int, req func(i int) *authv3.CheckRequest) *background {
+	b := &background{stop: make(chan struct{})}
+	var next atomic.Int64
+	for w := 0; w < workers; w++ {
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			deadline := time.Now().Add(time.Minute) // bounded whatever happens
+			for time.Now().Before(deadline) {
+				select {
+				case <-b.stop:
+					return
+				default:
+				}
+				i := int(next.Add(1))
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				resp, err := s.Client.Check(ctx, req(i))
+				cancel()
+				smp := sample{start: start, latency: time.Since(start), err: err}
+				if err == nil {
+					smp.status = httpStatus(resp)
+				}
+				b.mu.Lock()
+				b.samples = append(b.samples, smp)
+				b.mu.Unlock()
+			}
+		}()
+	}
+	return b
+}
+
+func (b *background) halt() []sample {
+	close(b.stop)
+	b.wg.Wait()
+	return b.samples
+}
+
+// checkOutage asserts the guarantees of an outage: no gRPC errors, only the
+// statuses the policies allow, and decisions started after the store was
+// marked down answered within the Redis timeout plus a margin.
+func checkOutage(t *testing.T, samples []sample, downAt time.Time, allowed ...int) {
+	t.Helper()
+	ok := map[int]bool{}
+	for _, s := range allowed {
+		ok[s] = true
+	}
+	var after []time.Duration
+	for i, s := range samples {
+		if s.err != nil {
+			t.Fatalf("sample %d: gRPC error %v", i, s.err)
+		}
+		if !ok[s.status] {
+			t.Fatalf("sample %d: status %d, want one of %v", i, s.status, allowed)
+		}
+		if s.start.After(downAt) {
+			after = append(after, s.latency)
+		}
+	}
+	if len(after) < 50 {
+		t.Fatalf("only %d decisions after the store was marked down", len(after))
+	}
+	sort.Slice(after, func(i, j int) bool { return after[i] < after[j] })
+	p50, p99, worst := after[len(after)/2], after[len(after)*99/100], after[len(after)-1]
+	t.Logf("%d decisions after the store was marked down: p50 %v, p99 %v, max %v", len(after), p50, p99, worst)
+	// Generous: the race detector and a busy 2-core machine add latency.
+	if bound := outageRedisTimeout + 150*time.Millisecond; worst > bound {
+		t.Fatalf("a decision took %v while the store was down; want under %v", worst, bound)
+	}
+}
+
+// Redis killed under load: no gRPC error, every decision by on_redis_error,
+// and once the store is marked down no decision waits on it.
+func TestRedisKilledUnderLoad(t *testing.T) {
+	for _, mode := range []string{"redis", "hybrid"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := testredis.Start(t)
+			s := startSidecar(t, outageConfig(srv.Addr, mode, `
+policies:
+  - {name: per-ip, key: [ip], limit: 1000000, window: 1s}
+`))
+			bg := startBackground(s, 16, func(i int) *authv3.CheckRequest {
+				return envoyRequest{sourceIP: fmt.Sprintf("10.0.%d.%d", i>>8&255, i&255)}.build()
+			})
+			waitCount(t, bg, 200)
+			srv.Kill()
+			waitMetric(t, s, 5*time.Second, 0, "extauthz_redis_up")
+			downAt := time.Now()
+			waitCount(t, bg, len(bg.snapshot())+500)
+			checkOutage(t, bg.halt(), downAt, 200)
+			if n := s.metric("extauthz_degraded_decisions_total", "action", "fallback"); n == 0 {
+				t.Fatal("no fallback decisions counted")
+			}
+			errs, timeouts := s.metric("extauthz_redis_calls_total", "result", "error"), s.metric("extauthz_redis_calls_total", "result", "timeout")
+			t.Logf("Redis failures counted: %v errors, %v timeouts", errs, timeouts)
+			if errs+timeouts < 3 {
+				t.Fatal("fewer Redis failures counted than it takes to mark the store down")
+			}
+		})
+	}
+}
+
+func (b *background) snapshot() []sample {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]sample(nil), b.samples...)
+}
+
+// waitCount waits until the background load has made n decisions.
+func waitCount(t *testing.T, b *background, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(b.snapshot()) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("background load made %d decisions in 30s, want %d", len(b.snapshot()), n)
+		}
+		time.Sleep(5 * time.Millisecond) // letting the load run
+	}
+}
+
+// Three replicas that saw each other, Redis gone: each falls back to a
+// third of the limit, so together they admit about the limit, not 3×.
+func TestFallbackSplitsTheLimitAcrossPeers(t *testing.T) {
+	srv := testredis.Start(t)
+	replicas := startReplicas(t, 3, outageConfig(srv.Addr, "hybrid", `
+clients:
+  keys: [{id: ada, key: key-ada}]
+policies:
+  - {name: orders, match: {path_prefix: /orders}, key: [client], limit: 90, window: 1m}
+`))
+	waitPeers(t, replicas, 3)
+	srv.Kill()
+	results, elapsed := timedDrive(t, replicas, 600, 32, adaOrder)
+	counts := tally(t, results)
+	perReplica := map[int]int{}
+	for _, r := range results {
+		if httpStatus(r.resp) == 200 {
+			perReplica[r.replica]++
+		}
+	}
+	t.Logf("Redis down: %v, per replica %v", counts, perReplica)
+	// Each replica's share is 30 per minute (burst 30): 90 in all, plus
+	// what 3 buckets of 30/min refill during the run.
+	assertAdmitted(t, counts[200], 90, 90, time.Minute, elapsed, 1)
+	for i := 0; i < 3; i++ {
+		assertAdmitted(t, perReplica[i], 30, 30, time.Minute, elapsed, 1)
+	}
+}
+
+// Redis frozen with SIGSTOP (a hang, not a refusal): the same guarantees
+// as killed; after SIGCONT the policy returns to hybrid by itself.
+func TestRedisFrozenAndThawed(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, outageConfig(srv.Addr, "hybrid", `
+policies:
+  - {name: per-ip, key: [ip], limit: 1000000, window: 1s}
+`))
+	req := func(i int) *authv3.CheckRequest {
+		return envoyRequest{sourceIP: fmt.Sprintf("10.1.%d.%d", i>>8&255, i&255)}.build()
+	}
+	bg := startBackground(s, 16, req)
+	waitCount(t, bg, 200)
+	srv.Freeze()
+	waitMetric(t, s, 5*time.Second, 0, "extauthz_redis_up")
+	downAt := time.Now()
+	waitCount(t, bg, len(bg.snapshot())+500)
+	checkOutage(t, bg.halt(), downAt, 200)
+
+	srv.Thaw()
+	waitMetric(t, s, 5*time.Second, 1, "extauthz_redis_up")
+	degraded := s.metric("extauthz_degraded_decisions_total")
+	counts := tally(t, drive(t, []*sidecar{s}, 500, 8, func(i int) *authv3.CheckRequest { return req(i + 100_000) }))
+	if counts[200] != 500 {
+		t.Fatalf("after thaw: %v", counts)
+	}
+	if d := s.metric("extauthz_degraded_decisions_total") - degraded; d != 0 {
+		t.Fatalf("%v degraded decisions after Redis came back", d)
+	}
+	if leased := s.metric("extauthz_redis_calls_total", "op", "lease", "result", "ok"); leased == 0 {
+		t.Fatal("no leases after Redis came back")
+	}
+}
+
+// Redis restarted empty: buckets are recreated on first use and the seed
+// scenario holds again.
+func TestRedisRestartedSeedHoldsAgain(t *testing.T) {
+	srv := testredis.Start(t)
+	replicas := startReplicas(t, 3, outageConfig(srv.Addr, "hybrid", seedPolicy+`
+  - {name: warm, match: {path_prefix: /warm}, key: [client], limit: 1000000, window: 1m}
+`))
+	waitPeers(t, replicas, 3)
+	warm := func(int) *authv3.CheckRequest {
+		return envoyRequest{path: "/warm", headers: [][2]string{{"x-api-key", "key-ada"}}}.build()
+	}
+	tally(t, drive(t, replicas, 300, 8, warm)) // slices held for the old Redis
+	srv.Restart()
+	for _, r := range replicas {
+		// Whether or not a replica noticed the outage, it must answer
+		// from the new Redis within a couple of seconds.
+		waitMetric(t, r, 5*time.Second, 1, "extauthz_redis_up")
+	}
+	waitPeers(t, replicas, 3)
+	results, elapsed := timedDrive(t, replicas, 600, 32, adaOrder)
+	counts := tally(t, results)
+	assertAdmitted(t, counts[200], 100, 100, time.Minute, elapsed, 1)
+}
+
+// on_redis_error: allow admits and deny answers 503 during the outage.
+func TestOnRedisErrorAllowAndDeny(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, outageConfig(srv.Addr, "redis", `
+policies:
+  - {name: open, match: {path_prefix: /open}, limit: 1, window: 1h, on_redis_error: allow}
+  - {name: closed, match: {path_prefix: /closed}, limit: 1000, window: 1h, on_redis_error: deny}
+`))
+	srv.Kill()
+	for i := 0; i < 20; i++ {
+		if st := httpStatus(s.check(envoyRequest{path: "/open"}.build())); st != 200 {
+			t.Fatalf("allow policy during outage: %d", st)
+		}
+	}
+	resp := s.check(envoyRequest{path: "/closed"}.build())
+	if httpStatus(resp) != 503 {
+		t.Fatalf("deny policy during outage: %d", httpStatus(resp))
+	}
+	h := deniedHeaders(resp)
+	if h["retry-after"] != "1" || h["content-type"] != "application/problem+json" {
+		t.Fatalf("503 headers = %v", h)
+	}
+	var body map[string]any
+	json.Unmarshal([]byte(resp.GetDeniedResponse().GetBody()), &body)
+	if body["type"] != "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity" || body["status"] != 503.0 {
+		t.Fatalf("503 body = %s", resp.GetDeniedResponse().GetBody())
+	}
+	if got := s.metric("extauthz_checks_total", "outcome", "unavailable"); got != 1 {
+		t.Fatalf("unavailable checks = %v", got)
+	}
+	if got := s.metric("extauthz_degraded_decisions_total", "policy", "open", "action", "allow"); got != 20 {
+		t.Fatalf("allow decisions = %v", got)
+	}
+}
