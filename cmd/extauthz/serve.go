@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"reflect"
@@ -19,7 +20,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/extauthz/extauthz/internal/check"
@@ -34,7 +34,7 @@ const ConfigEnv = "EXTAUTHZ_CONFIG"
 func init() {
 	register(command{
 		name:  "serve",
-		usage: "[-config FILE] [-log-format text|json] [-log-level LEVEL] [-drain-delay D] [-grace D]",
+		usage: "[-config FILE] [-log-format text|json] [-log-level LEVEL] [-drain-delay D] [-grace D] [-pprof]",
 		short: "run the sidecar (the default command)",
 		run:   runServe,
 	})
@@ -46,6 +46,7 @@ type serveFlags struct {
 	logLevel   string
 	drainDelay time.Duration
 	grace      time.Duration
+	pprof      bool
 }
 
 func runServe(e env, args []string) (int, error) {
@@ -56,6 +57,7 @@ func runServe(e env, args []string) (int, error) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&f.drainDelay, "drain-delay", 0, "on SIGTERM, report NOT_SERVING this long before closing listeners")
 	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM, wait this long for in-flight Checks before stopping")
+	fs.BoolVar(&f.pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ on the admin address")
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
@@ -145,11 +147,7 @@ func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, e
 		return nil, err
 	}
 	s.checks = srv
-	s.grpc = grpc.NewServer(
-		// Envoy keeps its ext_authz connection open and may ping it; do not
-		// answer an eager ping with GOAWAY.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	)
+	s.grpc = grpc.NewServer(check.ServerOptions()...)
 	authv3.RegisterAuthorizationServer(s.grpc, srv)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	if cfg.Listen.Reflection {
@@ -314,5 +312,12 @@ func (s *sidecar) adminMux() *http.ServeMux {
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	if s.flags.pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }

@@ -7,7 +7,9 @@ import (
 	"strings"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/identity"
@@ -28,9 +30,18 @@ const maxKeyValue = 128
 // new engine and swaps it in, so a Check sees one configuration throughout.
 type engine struct {
 	cfg       *config.Config
-	keyring   *identity.Keyring
+	keyring   *identity.Keyring[client]
 	keyHeader string // clients.header, lower case
 	policies  []*policy
+}
+
+// client is a known API key holder, with what every response about it
+// carries rendered once: responses share these read-only values.
+type client struct {
+	ID       string
+	Plan     string // "" when none
+	idHeader *corev3.HeaderValueOption
+	idValue  *structpb.Value
 }
 
 type policy struct {
@@ -39,6 +50,7 @@ type policy struct {
 	fixed   limit            // the policy's own limit, unless UsePlan
 	plans   map[string]limit // UsePlan: by plan name; "" holds plans.default
 	prefix  string           // partition key prefix: the escaped name
+	nameVal *structpb.Value  // the name, for dynamic metadata
 
 	allowed, denied, shadowDenied, refunded prometheus.Counter
 	degraded                                [4]prometheus.Counter // by quota.Degraded
@@ -47,17 +59,23 @@ type policy struct {
 // limit is a quota.Limit with its RateLimit-Policy header rendered once.
 type limit struct {
 	quota.Limit
-	header string
+	header    string
+	policyOpt *corev3.HeaderValueOption // ratelimit-policy: header
 }
 
 func compile(cfg *config.Config, limiters Limiters, m *metrics.Metrics) (*engine, error) {
 	e := &engine{
 		cfg:       cfg,
-		keyring:   identity.NewKeyring(len(cfg.Clients.Keys)),
+		keyring:   identity.NewKeyring[client](len(cfg.Clients.Keys)),
 		keyHeader: cfg.Clients.Header,
 	}
 	for _, k := range cfg.Clients.Keys {
-		e.keyring.Add(k.Digest, identity.Client{ID: k.ID, Plan: k.Plan})
+		e.keyring.Add(k.Digest, &client{
+			ID:       k.ID,
+			Plan:     k.Plan,
+			idHeader: header(ClientIDHeader, k.ID),
+			idValue:  structpb.NewStringValue(k.ID),
+		})
 	}
 	for _, pc := range cfg.Policies {
 		lim, ok := limiters[pc.Mode]
@@ -68,6 +86,7 @@ func compile(cfg *config.Config, limiters Limiters, m *metrics.Metrics) (*engine
 			Policy:  pc,
 			limiter: lim,
 			prefix:  string(appendEscaped(nil, pc.Name)),
+			nameVal: structpb.NewStringValue(pc.Name),
 		}
 		if pc.UsePlan {
 			p.plans = make(map[string]limit, len(cfg.Plans))
@@ -100,14 +119,16 @@ func newLimit(p config.Policy, n int64, window time.Duration, burst int64) limit
 		config.OnErrorAllow:    quota.ErrorAllow,
 		config.OnErrorDeny:     quota.ErrorDeny,
 	}[p.OnRedisError]
+	h := policyHeader(p.Name, n, window)
 	return limit{
-		Limit:  quota.Limit{Algorithm: p.Algorithm, Limit: n, Window: window, Burst: burst, OnError: onError},
-		header: policyHeader(p.Name, n, window),
+		Limit:     quota.Limit{Algorithm: p.Algorithm, Limit: n, Window: window, Burst: burst, OnError: onError},
+		header:    h,
+		policyOpt: header("ratelimit-policy", h),
 	}
 }
 
 // limitFor returns the limit that applies to client under p.
-func (p *policy) limitFor(c *identity.Client) limit {
+func (p *policy) limitFor(c *client) limit {
 	if !p.UsePlan {
 		return p.fixed
 	}
@@ -164,12 +185,12 @@ func hostMatches(hosts []string, host string) bool {
 // "orders:client:ada" or, for a composite key, "orders:client:ada:ip:10.0.0.7".
 // A missing component is empty, so callers lacking it share one bucket
 // ("orders:client:"); missing reports whether any component was missing.
-func (p *policy) partition(a *attrs, c *identity.Client, hops int) (key string, missing bool) {
+func (p *policy) partition(a *attrs, c *client, hops int) (key string, missing bool) {
 	if len(p.Key) == 0 {
 		return p.prefix, false
 	}
-	b := make([]byte, 0, 64)
-	b = append(b, p.prefix...)
+	var buf [128]byte // most keys fit: one allocation, for the string
+	b := append(buf[:0], p.prefix...)
 	for _, k := range p.Key {
 		v := keyValue(k, a, c, hops)
 		if v == "" {
@@ -187,7 +208,7 @@ func (p *policy) partition(a *attrs, c *identity.Client, hops int) (key string, 
 	return string(b), missing
 }
 
-func keyValue(k config.KeyPart, a *attrs, c *identity.Client, hops int) string {
+func keyValue(k config.KeyPart, a *attrs, c *client, hops int) string {
 	switch k.Kind {
 	case config.KeyClient:
 		if c != nil {

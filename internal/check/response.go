@@ -11,6 +11,8 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/extauthz/extauthz/internal/quota"
 )
 
 // Problem types (RFC 9457) of the bodies the sidecar sends.
@@ -110,18 +112,27 @@ func unauthorized(detail string) *authv3.CheckResponse {
 		problem{Type: problemBlank, Title: "Unauthorized", Status: 401, Detail: detail}, nil)
 }
 
-func metadata(client, policy, result string, remaining int64, hasRemaining bool) *structpb.Struct {
-	f := map[string]*structpb.Value{
-		"result": structpb.NewStringValue(result),
+// The dynamic metadata's result values, shared by every response.
+var (
+	resultOK          = structpb.NewStringValue("ok")
+	resultOverLimit   = structpb.NewStringValue("over_limit")
+	resultUnavailable = structpb.NewStringValue("unavailable")
+)
+
+// metadata is the CheckResponse's dynamic_metadata, for Envoy's access
+// logs: result, and client, policy and remaining when known. Client and
+// policy values are shared read-only across responses.
+func metadata(c *client, p *policy, result *structpb.Value, d *quota.Decision) *structpb.Struct {
+	f := make(map[string]*structpb.Value, 4)
+	f["result"] = result
+	if c != nil {
+		f["client"] = c.idValue
 	}
-	if client != "" {
-		f["client"] = structpb.NewStringValue(client)
+	if p != nil {
+		f["policy"] = p.nameVal
 	}
-	if policy != "" {
-		f["policy"] = structpb.NewStringValue(policy)
-	}
-	if hasRemaining {
-		f["remaining"] = structpb.NewNumberValue(float64(remaining))
+	if d != nil {
+		f["remaining"] = structpb.NewNumberValue(float64(max(d.Remaining, 0)))
 	}
 	return &structpb.Struct{Fields: f}
 }

@@ -54,14 +54,14 @@ type Server struct {
 // Option configures a Server.
 type Option func(*Server)
 
-// WithClock sets the source of decision instants (time.Now by default).
-// Each Check reads it once.
+// WithClock sets the source of decision instants (by default the instant
+// the Check arrived). Each Check reads it once.
 func WithClock(now func() time.Time) Option { return func(s *Server) { s.now = now } }
 
 // New returns a Server enforcing cfg with the given limiters, one per mode
 // the configuration uses.
 func New(cfg *config.Config, limiters Limiters, m *metrics.Metrics, opts ...Option) (*Server, error) {
-	s := &Server{limiters: limiters, metrics: m, now: time.Now, outcomes: map[string]prometheus.Counter{}}
+	s := &Server{limiters: limiters, metrics: m, outcomes: map[string]prometheus.Counter{}}
 	for _, o := range []string{OutcomeOK, OutcomeOverLimit, OutcomeUnauthorized, OutcomeUnavailable, OutcomeError} {
 		s.outcomes[o] = m.Checks.WithLabelValues(o)
 	}
@@ -92,12 +92,18 @@ func (s *Server) Config() *config.Config { return s.engine.Load().cfg }
 // Check implements envoy.service.auth.v3.Authorization.
 func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
 	start := time.Now()
-	now := s.now()
+	now := start
+	if s.now != nil {
+		now = s.now()
+	}
 	resp, outcome, err := s.engine.Load().decide(ctx, req, now)
 	s.outcomes[outcome].Inc()
 	s.metrics.CheckDuration.Observe(time.Since(start).Seconds())
 	return resp, err
 }
+
+// statusOK is the gRPC status of every allowed Check, shared read-only.
+var statusOK = &status.Status{Code: int32(codes.OK)}
 
 // taken is one policy's decision for the request in hand.
 type taken struct {
@@ -113,8 +119,8 @@ func (e *engine) decide(ctx context.Context, req *authv3.CheckRequest, now time.
 
 	// 1. Identify the caller. A presented key that is not known is a 401
 	// before any policy runs, and leaves no state behind.
-	client, credHeader := e.identify(&a)
-	if credHeader != "" && client == nil {
+	caller, credHeader := e.identify(&a)
+	if credHeader != "" && caller == nil {
 		return unauthorized("Unknown API key."), OutcomeUnauthorized, nil
 	}
 
@@ -126,18 +132,14 @@ func (e *engine) decide(ctx context.Context, req *authv3.CheckRequest, now time.
 		if !p.matches(&a) {
 			continue
 		}
-		key, missing := p.partition(&a, client, e.cfg.IPTrustedHops)
+		key, missing := p.partition(&a, caller, e.cfg.IPTrustedHops)
 		if missing && p.OnMissingKey == config.MissingReject {
 			return unauthorized(missingDetail(p)), OutcomeUnauthorized, nil
 		}
-		takes = append(takes, taken{p: p, key: key, lim: p.limitFor(client)})
+		takes = append(takes, taken{p: p, key: key, lim: p.limitFor(caller)})
 	}
 
 	// 3. Ask every policy for one unit.
-	var clientID string
-	if client != nil {
-		clientID = client.ID
-	}
 	denied := false
 	for i := range takes {
 		t := &takes[i]
@@ -166,11 +168,11 @@ func (e *engine) decide(ctx context.Context, req *authv3.CheckRequest, now time.
 	if denied {
 		e.refund(ctx, takes, now)
 		if unavailable(takes) {
-			return e.reducedCapacity(takes, clientID), OutcomeUnavailable, nil
+			return e.reducedCapacity(takes, caller), OutcomeUnavailable, nil
 		}
-		return e.overLimit(takes, clientID), OutcomeOverLimit, nil
+		return e.overLimit(takes, caller), OutcomeOverLimit, nil
 	}
-	return e.allow(&a, takes, client, credHeader), OutcomeOK, nil
+	return e.allow(&a, takes, caller, credHeader), OutcomeOK, nil
 }
 
 // refund gives back the units that allowed policies took.
@@ -187,7 +189,7 @@ func (e *engine) refund(ctx context.Context, takes []taken, now time.Time) {
 // identify returns the client holding the presented API key and the header
 // it came in. A key that is presented but unknown yields (nil, header).
 // With no keys configured, API keys are not in use and nothing is read.
-func (e *engine) identify(a *attrs) (*identity.Client, string) {
+func (e *engine) identify(a *attrs) (*client, string) {
 	if e.keyring.Len() == 0 {
 		return nil, ""
 	}
@@ -224,14 +226,18 @@ func unavailable(takes []taken) bool {
 
 // reducedCapacity is the 503 of on_redis_error: deny while Redis is
 // unreachable.
-func (e *engine) reducedCapacity(takes []taken, clientID string) *authv3.CheckResponse {
+func (e *engine) reducedCapacity(takes []taken, c *client) *authv3.CheckResponse {
 	var wait time.Duration
 	var names []string
+	var first *policy
 	for i := range takes {
 		t := &takes[i]
 		if !t.ok && !t.p.Shadow {
 			wait = max(wait, t.d.RetryAfter)
 			names = append(names, t.p.Name)
+			if first == nil {
+				first = t.p
+			}
 		}
 	}
 	retry := strconv.FormatInt(ceilSeconds(wait), 10)
@@ -244,13 +250,13 @@ func (e *engine) reducedCapacity(takes []taken, clientID string) *authv3.CheckRe
 	}
 	return denied(codes.Unavailable, typev3.StatusCode_ServiceUnavailable,
 		[]*corev3.HeaderValueOption{header("retry-after", retry)}, body,
-		metadata(clientID, names[0], "unavailable", 0, false))
+		metadata(c, first, resultUnavailable, nil))
 }
 
 // overLimit builds the 429. Retry-After is the longest wait among denying
 // policies, and the RateLimit headers describe that policy, so the client is
 // told one consistent time.
-func (e *engine) overLimit(takes []taken, clientID string) *authv3.CheckResponse {
+func (e *engine) overLimit(takes []taken, c *client) *authv3.CheckResponse {
 	var worst *taken
 	var violated []string
 	for i := range takes {
@@ -281,12 +287,12 @@ func (e *engine) overLimit(takes []taken, clientID string) *authv3.CheckResponse
 		ViolatedPolicies: violated,
 	}
 	return denied(codes.ResourceExhausted, typev3.StatusCode_TooManyRequests, headers, body,
-		metadata(clientID, worst.p.Name, "over_limit", worst.d.Remaining, true))
+		metadata(c, worst.p, resultOverLimit, &worst.d))
 }
 
 // allow builds the OK: RateLimit headers for the most constrained enforcing
 // policy, the client id for the upstream, the credential stripped.
-func (e *engine) allow(a *attrs, takes []taken, client *identity.Client, credHeader string) *authv3.CheckResponse {
+func (e *engine) allow(a *attrs, takes []taken, c *client, credHeader string) *authv3.CheckResponse {
 	ok := &authv3.OkHttpResponse{}
 	var tightest *taken
 	for i := range takes {
@@ -299,21 +305,20 @@ func (e *engine) allow(a *attrs, takes []taken, client *identity.Client, credHea
 			tightest = t
 		}
 	}
-	var policyName, clientID string
-	var remaining int64
+	var p *policy
+	var d *quota.Decision
 	if tightest != nil {
-		policyName, remaining = tightest.p.Name, tightest.d.Remaining
+		p, d = tightest.p, &tightest.d
 		ok.ResponseHeadersToAdd = []*corev3.HeaderValueOption{
-			header("ratelimit-policy", tightest.lim.header),
+			tightest.lim.policyOpt,
 			header("ratelimit", rateLimitHeader(tightest.p.Name, tightest.d.Remaining, tightest.d.ResetAfter)),
 		}
 		if e.cfg.Headers.Legacy {
 			ok.ResponseHeadersToAdd = append(ok.ResponseHeadersToAdd, legacyHeaders(tightest.d.Limit, tightest.d.Remaining, tightest.d.ResetAfter)...)
 		}
 	}
-	if client != nil {
-		clientID = client.ID
-		ok.Headers = []*corev3.HeaderValueOption{header(ClientIDHeader, client.ID)}
+	if c != nil {
+		ok.Headers = []*corev3.HeaderValueOption{c.idHeader}
 	} else if _, forged := a.headers[ClientIDHeader]; forged {
 		ok.HeadersToRemove = append(ok.HeadersToRemove, ClientIDHeader)
 	}
@@ -321,9 +326,9 @@ func (e *engine) allow(a *attrs, takes []taken, client *identity.Client, credHea
 		ok.HeadersToRemove = append(ok.HeadersToRemove, credHeader)
 	}
 	return &authv3.CheckResponse{
-		Status:          &status.Status{Code: int32(codes.OK)},
+		Status:          statusOK,
 		HttpResponse:    &authv3.CheckResponse_OkResponse{OkResponse: ok},
-		DynamicMetadata: metadata(clientID, policyName, "ok", remaining, tightest != nil),
+		DynamicMetadata: metadata(c, p, resultOK, d),
 	}
 }
 

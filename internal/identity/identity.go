@@ -9,35 +9,29 @@ import (
 	"strings"
 )
 
-// Client is a known API key holder.
-type Client struct {
-	ID   string
-	Plan string // "" when none
-}
-
-// Keyring finds clients by API key. Keys are never held in the clear: the
-// presented key is hashed and the digest looked up. Safe for concurrent use
-// once built.
-type Keyring struct {
-	byDigest map[[32]byte]*Client
+// Keyring finds the holder of an API key, a *C of the caller's choosing.
+// Keys are never held in the clear: the presented key is hashed and the
+// digest looked up. Safe for concurrent use once built.
+type Keyring[C any] struct {
+	byDigest map[[32]byte]*C
 }
 
 // NewKeyring returns an empty keyring sized for n keys.
-func NewKeyring(n int) *Keyring {
-	return &Keyring{byDigest: make(map[[32]byte]*Client, n)}
+func NewKeyring[C any](n int) *Keyring[C] {
+	return &Keyring[C]{byDigest: make(map[[32]byte]*C, n)}
 }
 
-// Add registers the client whose key hashes to digest.
-func (k *Keyring) Add(digest [32]byte, c Client) {
-	k.byDigest[digest] = &c
+// Add registers c as the holder of the key that hashes to digest.
+func (k *Keyring[C]) Add(digest [32]byte, c *C) {
+	k.byDigest[digest] = c
 }
 
 // Len returns the number of known keys.
-func (k *Keyring) Len() int { return len(k.byDigest) }
+func (k *Keyring[C]) Len() int { return len(k.byDigest) }
 
-// Lookup returns the client holding key, or nil. The map lookup compares
+// Lookup returns the holder of key, or nil. The map lookup compares
 // digests, not keys, so its timing reveals nothing useful about a key.
-func (k *Keyring) Lookup(key string) *Client {
+func (k *Keyring[C]) Lookup(key string) *C {
 	return k.byDigest[sha256.Sum256([]byte(key))]
 }
 

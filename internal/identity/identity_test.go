@@ -56,8 +56,9 @@ func TestClientIP(t *testing.T) {
 }
 
 func TestKeyring(t *testing.T) {
-	k := NewKeyring(1)
-	k.Add(sha256.Sum256([]byte("secret")), Client{ID: "ada", Plan: "free"})
+	type client struct{ ID, Plan string }
+	k := NewKeyring[client](1)
+	k.Add(sha256.Sum256([]byte("secret")), &client{ID: "ada", Plan: "free"})
 	if c := k.Lookup("secret"); c == nil || c.ID != "ada" || c.Plan != "free" {
 		t.Fatalf("Lookup(secret) = %+v", c)
 	}

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+
+	"github.com/extauthz/extauthz/internal/check"
+)
+
+// noop is the ceiling: an Authorization server that answers OK to every
+// Check without looking at it, with the same gRPC server options as the
+// sidecar (check.ServerOptions). Whatever it cannot exceed, extauthz cannot either.
+type noop struct {
+	authv3.UnimplementedAuthorizationServer
+}
+
+var okResponse = &authv3.CheckResponse{
+	Status:       &status.Status{Code: 0},
+	HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{}},
+}
+
+func (noop) Check(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	return okResponse, nil
+}
+
+// serveNoop runs the no-op server on 127.0.0.1 with a kernel-chosen port and
+// logs "serving" like the sidecar, until SIGTERM.
+func serveNoop() {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	s := grpc.NewServer(check.ServerOptions()...)
+	authv3.RegisterAuthorizationServer(s, noop{})
+	slog.New(slog.NewJSONHandler(os.Stderr, nil)).Info("serving", "grpc", lis.Addr().String(), "admin", "")
+	go func() {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+		<-sig
+		s.Stop()
+	}()
+	s.Serve(lis)
+}
