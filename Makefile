@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test lint redis-server bench clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down
+.PHONY: all build run test lint redis-server bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down
 IMAGE   ?= extauthz:dev
 
 all: build
@@ -30,6 +30,16 @@ redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
 		echo "redis-server not found: installing it (apt-get)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+
+# One table from one run: Check over gRPC for a no-op ceiling and the local,
+# hybrid and redis modes, Redis calls per 1,000 hybrid decisions, memory per
+# tracked key. Record results in docs/benchmarks.md.
+bench: redis-server
+	$(GO) run ./tests/bench
+
+# In-process microbenchmarks (ns/op, allocs/op).
+bench-micro: redis-server
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./internal/...
 
 # Deployment files against their real schemas; needs no Docker or cluster.
 # tests/deploy is a module of its own, so Kubernetes and Istio types stay out

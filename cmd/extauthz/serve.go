@@ -34,7 +34,7 @@ const ConfigEnv = "EXTAUTHZ_CONFIG"
 func init() {
 	register(command{
 		name:  "serve",
-		usage: "[-config FILE] [-log-format text|json] [-log-level LEVEL] [-drain-delay D] [-grace D] [-pprof]",
+		usage: "[-config FILE] [-log-format text|json] [-log-level LEVEL] [-drain-delay D] [-grace D] [-pprof] [-decision-log-every N]",
 		short: "run the sidecar (the default command)",
 		run:   runServe,
 	})
@@ -47,6 +47,7 @@ type serveFlags struct {
 	drainDelay time.Duration
 	grace      time.Duration
 	pprof      bool
+	sampleLog  int
 }
 
 func runServe(e env, args []string) (int, error) {
@@ -58,6 +59,7 @@ func runServe(e env, args []string) (int, error) {
 	fs.DurationVar(&f.drainDelay, "drain-delay", 0, "on SIGTERM, report NOT_SERVING this long before closing listeners")
 	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM, wait this long for in-flight Checks before stopping")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ on the admin address")
+	fs.IntVar(&f.sampleLog, "decision-log-every", 100, "with -log-level debug, log one decision in this many (0: none)")
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
@@ -141,7 +143,7 @@ func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, e
 		limiters[config.ModeRedis] = s.redis.redisMode
 		limiters[config.ModeHybrid] = s.redis.hybridMode
 	}
-	srv, err := check.New(cfg, limiters, m)
+	srv, err := check.New(cfg, limiters, m, check.WithDecisionLog(log, f.sampleLog))
 	if err != nil {
 		s.redis.close(log)
 		return nil, err
@@ -200,19 +202,40 @@ func (s *sidecar) run() (int, error) {
 	if alis != nil {
 		adminAddr = alis.Addr().String()
 	}
+	redisAddrs := "none"
+	if cfg.Redis != nil {
+		redisAddrs = strings.Join(cfg.Redis.Addrs, ",")
+	}
 	s.log.Info("serving", "grpc", glis.Addr().String(), "admin", adminAddr,
-		"config", cfg.Source, "policies", len(cfg.Policies), "version", buildVersion())
+		"config", cfg.Source, "policies", len(cfg.Policies), "default_mode", string(cfg.DefaultMode),
+		"redis", redisAddrs, "client_keys", len(cfg.Clients.Keys), "max_keys", cfg.Local.MaxKeys, "version", buildVersion())
 
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
+	reloads := make(chan struct{}, 1)
+	if cfg.Source != config.EmbeddedSource {
+		stop, err := watchConfig(cfg.Source, s.log, func() {
+			select {
+			case reloads <- struct{}{}:
+			default: // one is pending already
+			}
+		})
+		if err != nil {
+			s.log.Warn("cannot watch the configuration file; reload with SIGHUP", "config", cfg.Source, "error", err.Error())
+		} else {
+			defer stop()
+		}
+	}
 	for {
 		select {
 		case err := <-errc:
 			return 1, fmt.Errorf("server stopped: %w", err)
+		case <-reloads:
+			s.reload("file changed")
 		case sig := <-sigs:
 			if sig == syscall.SIGHUP {
-				s.reload()
+				s.reload("SIGHUP")
 				continue
 			}
 			s.log.Info("shutting down", "signal", sig.String())
@@ -222,8 +245,8 @@ func (s *sidecar) run() (int, error) {
 }
 
 // reload re-reads the configuration file. An invalid file keeps the running
-// configuration.
-func (s *sidecar) reload() {
+// configuration. Reloads run one at a time, on the main loop.
+func (s *sidecar) reload(why string) {
 	src := s.checks.Config().Source
 	if src == config.EmbeddedSource {
 		s.log.Warn("reload ignored: serving the embedded default configuration, not a file")
@@ -239,11 +262,11 @@ func (s *sidecar) reload() {
 	}
 	if err != nil {
 		s.metrics.ConfigReloads.WithLabelValues("failure").Inc()
-		s.log.Error("reload failed; keeping the running configuration", "error", err.Error())
+		s.log.Error("reload failed; keeping the running configuration", "trigger", why, "error", err.Error())
 		return
 	}
 	s.metrics.ConfigReloads.WithLabelValues("success").Inc()
-	s.log.Info("configuration reloaded", "config", src, "policies", len(cfg.Policies))
+	s.log.Info("configuration reloaded", "trigger", why, "config", src, "policies", len(cfg.Policies))
 }
 
 // warnRestartOnly logs the settings a reload cannot change.

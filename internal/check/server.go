@@ -7,6 +7,7 @@ package check
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -49,6 +50,10 @@ type Server struct {
 	now      func() time.Time
 	engine   atomic.Pointer[engine]
 	outcomes map[string]prometheus.Counter
+
+	log         *slog.Logger // sampled decision log, at debug level
+	sampleEvery uint64       // log one decision in this many; 0: none
+	sampled     atomic.Uint64
 }
 
 // Option configures a Server.
@@ -57,6 +62,17 @@ type Option func(*Server)
 // WithClock sets the source of decision instants (by default the instant
 // the Check arrived). Each Check reads it once.
 func WithClock(now func() time.Time) Option { return func(s *Server) { s.now = now } }
+
+// WithDecisionLog logs one decision in every `every` at debug level: the
+// outcome, client id, policy, remaining count and latency. Never the API
+// key or the partition key.
+func WithDecisionLog(log *slog.Logger, every int) Option {
+	return func(s *Server) {
+		if every > 0 && log != nil {
+			s.log, s.sampleEvery = log, uint64(every)
+		}
+	}
+}
 
 // New returns a Server enforcing cfg with the given limiters, one per mode
 // the configuration uses.
@@ -98,7 +114,14 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	}
 	resp, outcome, err := s.engine.Load().decide(ctx, req, now)
 	s.outcomes[outcome].Inc()
-	s.metrics.CheckDuration.Observe(time.Since(start).Seconds())
+	took := time.Since(start)
+	s.metrics.CheckDuration.Observe(took.Seconds())
+	if s.sampleEvery > 0 && s.sampled.Add(1)%s.sampleEvery == 0 && s.log.Enabled(ctx, slog.LevelDebug) {
+		f := resp.GetDynamicMetadata().GetFields()
+		s.log.Debug("decision", "outcome", outcome, "client", f["client"].GetStringValue(),
+			"policy", f["policy"].GetStringValue(), "remaining", f["remaining"].GetNumberValue(),
+			"latency", took, "sampled_one_in", s.sampleEvery)
+	}
 	return resp, err
 }
 

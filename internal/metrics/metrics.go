@@ -108,7 +108,7 @@ func New(version string) *Metrics {
 	})
 	m.TokensReturned = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "hybrid_tokens_returned_total",
-		Help: "Unspent hybrid tokens given back to Redis, by reason (idle, evicted, shutdown).",
+		Help: "Unspent hybrid tokens given back to Redis, by reason (idle, evicted, shutdown, refund).",
 	}, []string{"reason"})
 	m.LeaseWaits = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "hybrid_lease_waits_total",
@@ -127,8 +127,13 @@ func New(version string) *Metrics {
 		Help: "Always 1; the version label names the running build.",
 	}, []string{"version"})
 	buildInfo.WithLabelValues(version).Set(1)
+	// Series that exist from the start, so dashboards and alerts see 0
+	// rather than nothing.
 	m.ConfigReloads.WithLabelValues("success")
 	m.ConfigReloads.WithLabelValues("failure")
+	for _, reason := range []string{"idle", "evicted", "shutdown", "refund"} {
+		m.TokensReturned.WithLabelValues(reason)
+	}
 	reg.MustRegister(m.Decisions, m.Checks, m.CheckDuration, m.ConfigReloads, m.ConfigPolicies, buildInfo,
 		m.RedisCalls, m.RedisDuration, m.RedisUp, m.SlicesLeased, m.TokensLeased, m.TokensReturned, m.LeaseWaits, m.Peers, m.Degraded,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
