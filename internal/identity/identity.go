@@ -29,9 +29,18 @@ func (k *Keyring[C]) Add(digest [32]byte, c *C) {
 // Len returns the number of known keys.
 func (k *Keyring[C]) Len() int { return len(k.byDigest) }
 
+// MaxKeyLen is the longest API key Lookup accepts, in bytes. Real keys are
+// tens of bytes; a longer value is refused before it is hashed, so a caller
+// cannot make every request hash megabytes.
+const MaxKeyLen = 1024
+
 // Lookup returns the holder of key, or nil. The map lookup compares
 // digests, not keys, so its timing reveals nothing useful about a key.
+// A key longer than MaxKeyLen has no holder.
 func (k *Keyring[C]) Lookup(key string) *C {
+	if len(key) > MaxKeyLen {
+		return nil
+	}
 	return k.byDigest[sha256.Sum256([]byte(key))]
 }
 
