@@ -34,24 +34,36 @@ type problem struct {
 
 // policyHeader renders one RateLimit-Policy item (draft-ietf-httpapi-
 // ratelimit-headers, a structured-field list): `"orders";q=100;w=60`. The
-// window is whole seconds, at least 1.
+// window is whole seconds, at least 1. Numbers are clamped to what the
+// fields allow: q ≥ 0, and none above the largest sf-integer.
 func policyHeader(name string, quota int64, window time.Duration) string {
 	b := appendSFString(nil, name)
 	b = append(b, ";q="...)
-	b = strconv.AppendInt(b, quota, 10)
+	b = appendSFInt(b, quota)
 	b = append(b, ";w="...)
-	b = strconv.AppendInt(b, ceilSeconds(window), 10)
+	b = appendSFInt(b, ceilSeconds(window))
 	return string(b)
 }
 
-// rateLimitHeader renders one RateLimit item: `"orders";r=0;t=59`.
+// rateLimitHeader renders one RateLimit item: `"orders";r=0;t=59`. Like
+// policyHeader, it clamps r and t to 0..sfIntMax.
 func rateLimitHeader(name string, remaining int64, reset time.Duration) string {
 	b := appendSFString(make([]byte, 0, len(name)+24), name)
 	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, max(remaining, 0), 10)
+	b = appendSFInt(b, remaining)
 	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, ceilSecondsMin0(reset), 10)
+	b = appendSFInt(b, ceilSecondsMin0(reset))
 	return string(b)
+}
+
+// sfIntMax is the largest RFC 8941 sf-integer (15 digits).
+const sfIntMax = 999_999_999_999_999
+
+// appendSFInt appends v as a non-negative sf-integer, clamped to
+// 0..sfIntMax. (Configuration keeps limits far below the top; the clamp
+// keeps the rendering valid whatever it is given.)
+func appendSFInt(b []byte, v int64) []byte {
+	return strconv.AppendInt(b, min(max(v, 0), sfIntMax), 10)
 }
 
 // appendSFString appends s as an RFC 8941 sf-string. Policy names are
@@ -77,11 +89,17 @@ func ceilSeconds(d time.Duration) int64 {
 	return max(ceilSecondsMin0(d), 1)
 }
 
+// ceilSecondsMin0 rounds d up to whole seconds, 0 when d ≤ 0. It divides
+// first: d + time.Second - 1 would overflow for d near the largest Duration.
 func ceilSecondsMin0(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
 }
 
 func header(k, v string) *corev3.HeaderValueOption {
