@@ -27,6 +27,9 @@ type attrs struct {
 	principal string
 	context   map[string]string
 	jwt       *structpb.Struct
+
+	payloads []*structpb.Struct // jwt's payloads in name order; set by claim
+	sorted   bool               // payloads is set
 }
 
 func newAttrs(req *authv3.CheckRequest) attrs {
@@ -69,19 +72,33 @@ func newAttrs(req *authv3.CheckRequest) attrs {
 
 // flattenHeaderMap turns the header_map form (sent when Envoy's
 // encode_raw_headers is set) into the map form, joining repeated headers
-// with commas as Envoy does for the map.
+// with commas as Envoy does for the map. Repeats are collected and joined
+// once, in time linear in the request: joining each onto the previous join
+// would copy O(n²) bytes for a name repeated n times.
 func flattenHeaderMap(h *authv3.AttributeContext_HttpRequest) map[string]string {
 	m := make(map[string]string, len(h.GetHeaderMap().GetHeaders()))
+	var repeats map[string][]string // every value of a repeated name, in order
 	for _, hv := range h.GetHeaderMap().GetHeaders() {
 		k := strings.ToLower(hv.GetKey())
 		v := hv.GetValue()
 		if v == "" && len(hv.GetRawValue()) > 0 {
 			v = string(hv.GetRawValue())
 		}
-		if prev, ok := m[k]; ok {
-			v = prev + "," + v
+		prev, seen := m[k]
+		if !seen {
+			m[k] = v
+			continue
 		}
-		m[k] = v
+		if repeats == nil {
+			repeats = map[string][]string{}
+		}
+		if repeats[k] == nil {
+			repeats[k] = []string{prev}
+		}
+		repeats[k] = append(repeats[k], v)
+	}
+	for k, vs := range repeats {
+		m[k] = strings.Join(vs, ",")
 	}
 	return m
 }
@@ -104,16 +121,23 @@ func normalizeHost(host string) string {
 // payload per provider, each under the name set by payload_in_metadata; the
 // claim is looked up in each payload in name order, then at the top level.
 // Strings, numbers and booleans are claims; objects and lists are not.
+// The payloads are sorted once per request, however many claims are read.
 func (a *attrs) claim(name string) (string, bool) {
 	if a.jwt == nil {
 		return "", false
 	}
 	fields := a.jwt.GetFields()
-	for _, k := range slices.Sorted(maps.Keys(fields)) {
-		if payload := fields[k].GetStructValue(); payload != nil {
-			if v, ok := scalar(payload.GetFields()[name]); ok {
-				return v, true
+	if !a.sorted {
+		for _, k := range slices.Sorted(maps.Keys(fields)) {
+			if payload := fields[k].GetStructValue(); payload != nil {
+				a.payloads = append(a.payloads, payload)
 			}
+		}
+		a.sorted = true
+	}
+	for _, payload := range a.payloads {
+		if v, ok := scalar(payload.GetFields()[name]); ok {
+			return v, true
 		}
 	}
 	return scalar(fields[name])
