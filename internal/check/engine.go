@@ -4,7 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -23,16 +25,22 @@ type Limiters map[config.Mode]quota.Limiter
 // maxKeyValue is the longest key component kept verbatim. Longer values
 // (a 64 KiB header chosen as a key, say) are replaced by their SHA-256, so a
 // partition key stays short whatever a request carries, and distinct values
-// stay distinct.
+// stay distinct. A component a request controls thus adds at most
+// 3 × maxKeyValue bytes to a key (every byte percent-encoded); with
+// config's limit of 8 key parts, at most 3 KiB, plus the policy's names.
 const maxKeyValue = 128
 
-// engine is one compiled configuration. It is immutable: a reload compiles a
-// new engine and swaps it in, so a Check sees one configuration throughout.
+// engine is one compiled configuration. It is immutable (but for the flag
+// that logs a warning once): a reload compiles a new engine and swaps it
+// in, so a Check sees one configuration throughout.
 type engine struct {
 	cfg       *config.Config
 	keyring   *identity.Keyring[client]
 	keyHeader string // clients.header, lower case
 	policies  []*policy
+
+	warn          *slog.Logger // nil: warnings are not logged
+	warnedTooMany atomic.Bool  // a MaxPoliciesPerRequest refusal was logged
 }
 
 // client is a known API key holder, with what every response about it

@@ -54,6 +54,7 @@ type Server struct {
 	log         *slog.Logger // sampled decision log, at debug level
 	sampleEvery uint64       // log one decision in this many; 0: none
 	sampled     atomic.Uint64
+	warn        *slog.Logger // requests refused by a cap; nil: not logged
 }
 
 // Option configures a Server.
@@ -65,9 +66,12 @@ func WithClock(now func() time.Time) Option { return func(s *Server) { s.now = n
 
 // WithDecisionLog logs one decision in every `every` at debug level: the
 // outcome, client id, policy, remaining count and latency. Never the API
-// key or the partition key.
+// key or the partition key. Whatever `every` is, log also receives a
+// warning, once per configuration, when a request matches more than
+// MaxPoliciesPerRequest policies.
 func WithDecisionLog(log *slog.Logger, every int) Option {
 	return func(s *Server) {
+		s.warn = log
 		if every > 0 && log != nil {
 			s.log, s.sampleEvery = log, uint64(every)
 		}
@@ -97,6 +101,7 @@ func (s *Server) Update(cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
+	e.warn = s.warn
 	s.engine.Store(e)
 	s.metrics.ConfigPolicies.Set(float64(len(e.policies)))
 	return nil
@@ -142,8 +147,11 @@ func (e *engine) decide(ctx context.Context, req *authv3.CheckRequest, now time.
 
 	// 1. Identify the caller. A presented key that is not known is a 401
 	// before any policy runs, and leaves no state behind.
-	caller, credHeader := e.identify(&a)
+	caller, credHeader, keyLen := e.identify(&a)
 	if credHeader != "" && caller == nil {
+		if keyLen > identity.MaxKeyLen {
+			return unauthorized(keyTooLong), OutcomeUnauthorized, nil
+		}
 		return unauthorized("Unknown API key."), OutcomeUnauthorized, nil
 	}
 
@@ -154,6 +162,9 @@ func (e *engine) decide(ctx context.Context, req *authv3.CheckRequest, now time.
 	for _, p := range e.policies {
 		if !p.matches(&a) {
 			continue
+		}
+		if len(takes) == MaxPoliciesPerRequest {
+			return e.tooManyPolicies(ctx), OutcomeError, nil
 		}
 		key, missing := p.partition(&a, caller, e.cfg.IPTrustedHops)
 		if missing && p.OnMissingKey == config.MissingReject {
@@ -209,23 +220,54 @@ func (e *engine) refund(ctx context.Context, takes []taken, now time.Time) {
 	}
 }
 
-// identify returns the client holding the presented API key and the header
-// it came in. A key that is presented but unknown yields (nil, header).
+// identify returns the client holding the presented API key, the header it
+// came in and its length. A key that is presented but unknown (or longer
+// than identity.MaxKeyLen, which is never hashed) yields (nil, header, n).
 // With no keys configured, API keys are not in use and nothing is read.
-func (e *engine) identify(a *attrs) (*client, string) {
+func (e *engine) identify(a *attrs) (*client, string, int) {
 	if e.keyring.Len() == 0 {
-		return nil, ""
+		return nil, "", 0
 	}
 	if v := strings.TrimSpace(a.headers[e.keyHeader]); v != "" {
-		return e.keyring.Lookup(v), e.keyHeader
+		return e.keyring.Lookup(v), e.keyHeader, len(v)
 	}
 	if e.cfg.Clients.Bearer {
 		if v, ok := identity.Bearer(a.headers["authorization"]); ok {
-			return e.keyring.Lookup(v), "authorization"
+			return e.keyring.Lookup(v), "authorization", len(v)
 		}
 	}
-	return nil, ""
+	return nil, "", 0
 }
+
+// keyTooLong is the 401 detail for a presented key over identity.MaxKeyLen.
+var keyTooLong = "API key longer than " + strconv.Itoa(identity.MaxKeyLen) + " bytes."
+
+// MaxPoliciesPerRequest is the most policies one request may match. Each
+// matched policy is one quota decision (in redis mode, one Redis round
+// trip), taken one after another inside Envoy's ext_authz timeout. A
+// request that matches more is refused with a 500 before any quota is
+// taken: the configuration is at fault, not the caller, and an answer that
+// enforced only some of the policies would be wrong.
+const MaxPoliciesPerRequest = 32
+
+// tooManyPolicies is the 500 for a request matching more than
+// MaxPoliciesPerRequest policies. The first one under a configuration is
+// logged as a warning; all are counted as outcome "error".
+func (e *engine) tooManyPolicies(ctx context.Context) *authv3.CheckResponse {
+	if e.warn != nil && e.warnedTooMany.CompareAndSwap(false, true) {
+		e.warn.LogAttrs(ctx, slog.LevelWarn, "request matches too many policies; answering 500 (logged once per configuration)",
+			slog.Int("max", MaxPoliciesPerRequest), slog.Int("policies", len(e.policies)), slog.String("config", e.cfg.Source))
+	}
+	return denied(codes.Internal, typev3.StatusCode_InternalServerError, nil, problem{
+		Type:   problemBlank,
+		Title:  "Internal Server Error",
+		Status: 500,
+		Detail: tooManyDetail,
+	}, nil)
+}
+
+var tooManyDetail = "The request matches more than " + strconv.Itoa(MaxPoliciesPerRequest) +
+	" rate limit policies; the sidecar's configuration must be fixed."
 
 func missingDetail(p *policy) string {
 	parts := make([]string, len(p.Key))
