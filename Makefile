@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test lint redis-server bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down
+.PHONY: all build run test lint fuzz redis-server bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down
 IMAGE   ?= extauthz:dev
 
 all: build
@@ -17,8 +17,19 @@ run:
 
 # The whole suite: formatting, vet, unit tests and the end-to-end tests that
 # build the binary and start their own redis-server processes.
-test: redis-server lint test-deploy
+test: redis-server lint test-deploy fuzz
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+# Every native fuzz target under internal/, each for FUZZTIME (go test
+# takes one -fuzz target per run). Failing inputs land in the package's
+# testdata/fuzz/, where plain `go test` replays them.
+FUZZTIME ?= 5s
+fuzz:
+	@set -e; grep -ro --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' internal | sort -u | \
+	while IFS=: read -r file fn; do \
+		echo "fuzz: $${fn#func } in ./$$(dirname $$file) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${fn#func }\$$" -fuzztime $(FUZZTIME) ./$$(dirname $$file); \
+	done
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
