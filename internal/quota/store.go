@@ -27,10 +27,19 @@ var (
 	//go:embed scripts/peers.lua
 	peersSrc string
 
-	bucketLease  = redis.NewScript(bucketLeaseSrc)
-	bucketReturn = redis.NewScript(bucketReturnSrc)
-	peersScript  = redis.NewScript(peersSrc)
+	bucketLease  = newScript(bucketLeaseSrc)
+	bucketReturn = newScript(bucketReturnSrc)
+	peersScript  = newScript(peersSrc)
 )
+
+// scripts lists every script, for Warm.
+var scripts []*redis.Script
+
+func newScript(src string) *redis.Script {
+	s := redis.NewScript(src)
+	scripts = append(scripts, s)
+	return s
+}
 
 // ErrStoreDown is returned without calling Redis while the store is marked
 // down after consecutive failures.
@@ -93,6 +102,18 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 	s.wg.Add(1)
 	go s.probeLoop()
 	return s
+}
+
+// Warm loads every script into Redis (on every master of a Cluster), so
+// the first decisions after start-up or a Redis restart do not pay for a
+// NOSCRIPT round trip and a script upload inside their timeout.
+func (s *Store) Warm(ctx context.Context) error {
+	for _, sc := range scripts {
+		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Close stops the probe loop. It does not close the client.
@@ -196,6 +217,9 @@ func (s *Store) probeLoop() {
 		s.opts.Metrics.RedisCalls.WithLabelValues("ping", "ok").Inc()
 		s.failures.Store(0)
 		if s.down.CompareAndSwap(true, false) {
+			wctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			s.Warm(wctx) // a restarted Redis has an empty script cache
+			cancel()
 			s.opts.Log.Info("redis is back; policies return to their mode")
 			s.opts.Metrics.RedisUp.Set(1)
 			s.notify(true)
