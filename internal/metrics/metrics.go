@@ -32,7 +32,7 @@ type Metrics struct {
 	ConfigPolicies prometheus.Gauge
 
 	// RedisCalls counts calls to Redis by operation (lease, return, peers,
-	// ping) and result (ok, error, timeout).
+	// probe) and result (ok, error, timeout).
 	RedisCalls *prometheus.CounterVec
 	// RedisDuration is the time Redis calls take, by operation.
 	RedisDuration *prometheus.HistogramVec

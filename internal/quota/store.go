@@ -49,7 +49,7 @@ var ErrStoreDown = errors.New("quota: redis is marked down")
 // a ClusterClient fits.
 type rediser interface {
 	redis.Scripter
-	Ping(ctx context.Context) *redis.StatusCmd
+	Exists(ctx context.Context, keys ...string) *redis.IntCmd
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 }
 
@@ -192,8 +192,9 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// probeLoop pings a down store once per ProbeEvery and marks it up when it
-// answers.
+// probeLoop tests a down store once per ProbeEvery and marks it up when it
+// answers. The probe is a key command, not PING: a Redis Cluster that has
+// lost a master still answers PING but refuses keys with CLUSTERDOWN.
 func (s *Store) probeLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.opts.ProbeEvery)
@@ -208,13 +209,13 @@ func (s *Store) probeLoop() {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.Timeout, 100*time.Millisecond))
-		err := s.rdb.Ping(ctx).Err()
+		err := s.rdb.Exists(ctx, s.peersKey()).Err()
 		cancel()
 		if err != nil {
-			s.opts.Metrics.RedisCalls.WithLabelValues("ping", "error").Inc()
+			s.opts.Metrics.RedisCalls.WithLabelValues("probe", "error").Inc()
 			continue
 		}
-		s.opts.Metrics.RedisCalls.WithLabelValues("ping", "ok").Inc()
+		s.opts.Metrics.RedisCalls.WithLabelValues("probe", "ok").Inc()
 		s.failures.Store(0)
 		if s.down.CompareAndSwap(true, false) {
 			wctx, cancel := context.WithTimeout(context.Background(), time.Second)
