@@ -101,8 +101,8 @@ type ClientTLS struct {
 type Redis struct {
 	Addrs       []string // one: standalone; several: Redis Cluster
 	Username    string
-	PasswordEnv string // name of the environment variable holding the password
-	TLS         *ClientTLS // nil: plaintext
+	PasswordEnv string        // name of the environment variable holding the password
+	TLS         *ClientTLS    // nil: plaintext
 	Timeout     time.Duration // per call
 	KeyPrefix   string
 }

@@ -41,12 +41,12 @@ type rawServerTLS struct {
 }
 
 type rawRedis struct {
-	Addrs       []string `yaml:"addrs"`
-	Username    string   `yaml:"username"`
-	PasswordEnv string   `yaml:"password_env"`
+	Addrs       []string     `yaml:"addrs"`
+	Username    string       `yaml:"username"`
+	PasswordEnv string       `yaml:"password_env"`
 	TLS         rawClientTLS `yaml:"tls"`
-	Timeout     string   `yaml:"timeout"`
-	KeyPrefix   *string  `yaml:"key_prefix"`
+	Timeout     string       `yaml:"timeout"`
+	KeyPrefix   *string      `yaml:"key_prefix"`
 }
 
 // rawClientTLS is `tls: true|false` or a mapping of TLS settings (which
