@@ -31,6 +31,7 @@ type engine struct {
 	keyring   *identity.Keyring
 	keyHeader string // clients.header, lower case
 	policies  []*policy
+	hold      holdFunc // waits out a leaky bucket's delay
 }
 
 type policy struct {
@@ -101,7 +102,8 @@ func newLimit(p config.Policy, n int64, window time.Duration, burst int64) limit
 		config.OnErrorDeny:     quota.ErrorDeny,
 	}[p.OnRedisError]
 	return limit{
-		Limit:  quota.Limit{Algorithm: p.Algorithm, Limit: n, Window: window, Burst: burst, OnError: onError},
+		Limit: quota.Limit{Algorithm: p.Algorithm, Limit: n, Window: window, Burst: burst, OnError: onError,
+			Queue: p.Queue, MaxDelay: p.MaxDelay},
 		header: policyHeader(p.Name, n, window),
 	}
 }
