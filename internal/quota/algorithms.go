@@ -2,6 +2,13 @@ package quota
 
 import "fmt"
 
+// counts is the state of the counting algorithms in an Entry.
+type counts struct {
+	win    windowCount // fixed and sliding window counters
+	winLen int64       // the window length win was counted with, ns
+	log    timeLog     // sliding log
+}
+
 // takeLocked decides one unit of l for the entry at ns, with the algorithm
 // l names. The entry's shard must be locked. An entry last used with
 // another algorithm (a reload changed it) starts again empty; its hybrid
@@ -24,19 +31,23 @@ func (e *Entry) takeLocked(l Limit, ns int64) (Decision, error) {
 			e.tat, d = leakyBucketTake(e.tat, ns, l)
 		}
 	case FixedWindow, SlidingWindow:
-		if w := int64(l.Window); w != e.winLen {
-			e.win, e.winLen = windowCount{}, w // windows of another length do not line up
+		if e.counts == nil {
+			e.counts = &counts{}
+		}
+		c := e.counts
+		if w := int64(l.Window); w != c.winLen {
+			c.win, c.winLen = windowCount{}, w // windows of another length do not line up
 		}
 		if l.Algorithm == FixedWindow {
-			e.win, d = fixedWindowTake(e.win, ns, l)
+			c.win, d = fixedWindowTake(c.win, ns, l)
 		} else {
-			e.win, d = slidingWindowTake(e.win, ns, l)
+			c.win, d = slidingWindowTake(c.win, ns, l)
 		}
 	case SlidingLog:
-		if e.log == nil {
-			e.log = &timeLog{}
+		if e.counts == nil {
+			e.counts = &counts{}
 		}
-		d = slidingLogTake(e.log, ns, l)
+		d = slidingLogTake(&e.counts.log, ns, l)
 	default:
 		return Decision{}, fmt.Errorf("quota: unknown algorithm %s", l.Algorithm)
 	}
@@ -60,16 +71,16 @@ func (e *Entry) refundLocked(l Limit, ns int64) {
 			e.tat = leakyBucketRefund(e.tat, ns, l)
 		}
 	case FixedWindow:
-		if e.winLen == int64(l.Window) {
-			e.win = fixedWindowRefund(e.win, ns, l)
+		if c := e.counts; c != nil && c.winLen == int64(l.Window) {
+			c.win = fixedWindowRefund(c.win, ns, l)
 		}
 	case SlidingWindow:
-		if e.winLen == int64(l.Window) {
-			e.win = slidingWindowRefund(e.win, ns, l)
+		if c := e.counts; c != nil && c.winLen == int64(l.Window) {
+			c.win = slidingWindowRefund(c.win, ns, l)
 		}
 	case SlidingLog:
-		if e.log != nil {
-			slidingLogRefund(e.log)
+		if e.counts != nil {
+			slidingLogRefund(&e.counts.log)
 		}
 	}
 }
@@ -78,6 +89,5 @@ func (e *Entry) refundLocked(l Limit, ns int64) {
 func (e *Entry) resetLocked(a Algorithm) {
 	e.alg = a
 	e.tat, e.iv = 0, 0
-	e.win, e.winLen = windowCount{}, 0
-	e.log = nil
+	e.counts = nil
 }

@@ -48,9 +48,9 @@ type Entry struct {
 	tat int64 // unix ns at which the bucket is full
 	iv  int64 // the refill interval tat was computed with
 
-	win    windowCount // fixed and sliding window counters
-	winLen int64       // the window length win was counted with, ns
-	log    *timeLog    // sliding log
+	// counts holds the window counters and the sliding log, allocated only
+	// for those algorithms so the buckets' entries stay small.
+	counts *counts
 
 	slice // hybrid mode's leased tokens
 }
