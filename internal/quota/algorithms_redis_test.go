@@ -16,8 +16,8 @@ import (
 // Switching a partition's algorithm (a reload) never trips over another
 // algorithm's key type.
 func TestAlgorithmKeys(t *testing.T) {
-	clk := newClock()
-	store, rdb, m := newTestStore(t, clk)
+	// Redis TIME, not an injected clock: the TTLs are what production sets.
+	store, rdb, m := newTestStore(t, nil)
 	r := NewRedis(store)
 	ctx := context.Background()
 	// The longest a key must live after one admitted request, by algorithm.
@@ -38,13 +38,13 @@ func TestAlgorithmKeys(t *testing.T) {
 	}
 	for _, a := range allAlgorithms {
 		l := perMinute(a)
-		if _, err := r.Take(ctx, "orders:client:ada", l, clk.Now()); err != nil {
+		if _, err := r.Take(ctx, "orders:client:ada", l, time.Now()); err != nil {
 			t.Fatalf("%s: %v", a, err)
 		}
 		if a == LeakyBucket { // the second slot is held for 600ms: > max_delay
 			l.MaxDelay = 150 * time.Millisecond
 			l.Window = 10 * time.Second
-			r.Take(ctx, "orders:client:ada", l, clk.Now())
+			r.Take(ctx, "orders:client:ada", l, time.Now())
 		}
 		key := store.AlgorithmKey("orders:client:ada", a)
 		if key != wantKey[a] {
@@ -105,9 +105,10 @@ func TestHybridOtherAlgorithmsAreExact(t *testing.T) {
 		reps := newReplicas(t, rdb, clk, 3, 1000, time.Hour)
 		l := Limit{Algorithm: a, Limit: 100, Window: time.Hour, Queue: -1, MaxDelay: 150 * time.Millisecond}
 		if a == LeakyBucket {
-			// A slot per ms, held at most 99ms: 100 at once.
-			l.Window = 100 * time.Millisecond
-			l.MaxDelay = 99 * time.Millisecond
+			// A slot per second, held at most 99s (no configuration
+			// allows that; it keeps the arithmetic round): 100 at once.
+			l.Window = 100 * time.Second
+			l.MaxDelay = 99 * time.Second
 		}
 		admitted := 0
 		for i := 0; i < 600; i++ {

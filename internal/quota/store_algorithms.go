@@ -30,6 +30,8 @@ var (
 	logRefundSrc string
 	//go:embed scripts/leaky_bucket.lua
 	leakyBucketSrc string
+	//go:embed scripts/leaky_refund.lua
+	leakyRefundSrc string
 
 	fixedWindowScript   = redis.NewScript(fixedWindowSrc)
 	slidingWindowScript = redis.NewScript(slidingWindowSrc)
@@ -37,6 +39,7 @@ var (
 	slidingLogScript    = redis.NewScript(slidingLogSrc)
 	logRefundScript     = redis.NewScript(logRefundSrc)
 	leakyBucketScript   = redis.NewScript(leakyBucketSrc)
+	leakyRefundScript   = redis.NewScript(leakyRefundSrc)
 )
 
 // keySuffix keeps each algorithm's state in a key of its own, after the
@@ -126,9 +129,7 @@ func (s *Store) refund(ctx context.Context, partition string, l Limit) error {
 	case SlidingLog:
 		_, err = s.run(ctx, "refund", logRefundScript, key)
 	case LeakyBucket:
-		// The bucket's hash has bucket_lease.lua's layout: the token
-		// bucket's return script gives a slot back.
-		_, err = s.run(ctx, "refund", bucketReturn, key, 1, now)
+		_, err = s.run(ctx, "refund", leakyRefundScript, key, now)
 	default:
 		return fmt.Errorf("quota: no redis script for algorithm %s", l.Algorithm)
 	}

@@ -2,10 +2,10 @@
 -- algorithm, and why one tolerance covers both queue and max_delay, is in
 -- internal/quota/leakybucket.go.
 --
--- KEYS[1]  the bucket, a hash laid out as bucket_lease.lua's (so
---          bucket_return.lua gives a slot back): used = slots taken and
---          not yet drained (a fraction while it drains), ts = when used
---          was computed (µs), iv = µs per slot at that time.
+-- KEYS[1]  the bucket, a hash laid out as bucket_lease.lua's: used =
+--          slots taken and not yet drained (a fraction while it drains),
+--          ts = when used was computed (µs), iv = µs per slot at that
+--          time. leaky_refund.lua gives a slot back.
 -- ARGV[1]  µs per slot (window / limit; may be fractional)
 -- ARGV[2]  tolerance in µs: the longest an admitted request may wait,
 --          min(max_delay, queue × interval)
@@ -17,7 +17,12 @@
 -- until its slot. Times are rounded up: nothing is released early.
 local iv = tonumber(ARGV[1])
 local tol = tonumber(ARGV[2])
+-- Keys expire on Redis' own clock. With injected test time that is not
+-- the clock deciding, and a test may run longer than a TTL computed from
+-- injected instants: keep such keys a minute at least.
+local keep = 0
 local now = tonumber(ARGV[3])
+if now then keep = 60000 end
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -38,7 +43,7 @@ local delay = used * iv
 if delay <= tol + 0.001 then
   used = used + 1
   redis.call('HSET', KEYS[1], 'used', string.format('%.17g', used), 'ts', string.format('%d', ts), 'iv', ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], math.ceil(used * iv / 1000) + 1)
+  redis.call('PEXPIRE', KEYS[1], math.max(math.ceil(used * iv / 1000) + 1, keep))
   local ahead = used * iv
   local remaining = 0
   if ahead <= tol + 0.001 then remaining = math.floor((tol - ahead) / iv + 1e-9) + 1 end
