@@ -33,6 +33,7 @@ type engine struct {
 	keyring   *identity.Keyring[client]
 	keyHeader string // clients.header, lower case
 	policies  []*policy
+	hold      holdFunc // waits out a leaky bucket's delay
 }
 
 // client is a known API key holder, with what every response about it
@@ -121,7 +122,8 @@ func newLimit(p config.Policy, n int64, window time.Duration, burst int64) limit
 	}[p.OnRedisError]
 	h := policyHeader(p.Name, n, window)
 	return limit{
-		Limit:     quota.Limit{Algorithm: p.Algorithm, Limit: n, Window: window, Burst: burst, OnError: onError},
+		Limit: quota.Limit{Algorithm: p.Algorithm, Limit: n, Window: window, Burst: burst, OnError: onError,
+			Queue: p.Queue, MaxDelay: p.MaxDelay},
 		header:    h,
 		policyOpt: header("ratelimit-policy", h),
 	}

@@ -163,6 +163,11 @@ type Policy struct {
 	OnRedisError OnRedisError
 	OnMissingKey OnMissingKey
 	Shadow       bool
+	// Queue and MaxDelay shape a leaky_bucket policy: at most Queue
+	// requests wait for their slot (-1: as many as MaxDelay allows), none
+	// longer than MaxDelay. Zero for other algorithms.
+	Queue    int64
+	MaxDelay time.Duration
 }
 
 // Match selects requests. Every non-empty field must match; a Match with no

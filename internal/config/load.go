@@ -117,6 +117,8 @@ type rawPolicy struct {
 	Window       string   `yaml:"window"`
 	Burst        int64    `yaml:"burst"`
 	Algorithm    string   `yaml:"algorithm"`
+	Queue        *int64   `yaml:"queue"`
+	MaxDelay     string   `yaml:"max_delay"`
 	Mode         string   `yaml:"mode"`
 	OnRedisError string   `yaml:"on_redis_error"`
 	OnMissingKey string   `yaml:"on_missing_key"`

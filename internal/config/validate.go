@@ -370,10 +370,8 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		if r.Burst != 0 {
 			errs.add(path+".burst", "applies to token_bucket only, not %s", p.Algorithm)
 		}
-		if !supportedAlgorithm(p.Algorithm) {
-			errs.add(path+".algorithm", "%s is not available in this build yet; use token_bucket", p.Algorithm)
-		}
 	}
+	validateAlgorithm(r, path, &p, c, errs)
 
 	if r.Mode != "" {
 		m, ok := parseMode(r.Mode)
@@ -528,6 +526,3 @@ func sortedKeys[V any](m map[string]V) []string {
 	sort.Strings(keys)
 	return keys
 }
-
-// supportedAlgorithm reports whether this build enforces a.
-func supportedAlgorithm(a quota.Algorithm) bool { return a == quota.TokenBucket }

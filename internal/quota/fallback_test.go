@@ -52,6 +52,7 @@ func TestStoreBreaker(t *testing.T) {
 	}
 }
 
+// failing is a primary limiter whose store fails with err.
 type failing struct{ err error }
 
 func (f failing) Take(context.Context, string, Limit, time.Time) (Decision, error) {

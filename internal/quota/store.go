@@ -61,7 +61,8 @@ type StoreOptions struct {
 	Log     *slog.Logger
 	// Clock, for tests only, makes scripts use this time instead of Redis
 	// TIME. Production leaves it nil: every decision uses the Redis
-	// server's clock, never a replica's.
+	// server's clock, never a replica's. Redis still expires keys on its
+	// own clock, so the algorithm scripts then keep keys a minute at least.
 	Clock func() time.Time
 	// TripAfter consecutive failures mark the store down (default 3).
 	TripAfter int
