@@ -67,7 +67,7 @@ func New(version string) *Metrics {
 		}, []string{"policy", "mode", "result"}),
 		Checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "checks_total",
-			Help: "Check calls by outcome (ok, over_limit, unauthorized, unavailable, error).",
+			Help: "Check calls by outcome (ok, over_limit, unauthorized, unavailable, canceled, error).",
 		}, []string{"outcome"}),
 		CheckDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "check_duration_seconds",
