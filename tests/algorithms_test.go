@@ -6,8 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,44 +144,6 @@ func assertKeyExpires(t *testing.T, rdb *redis.Client, alg, client string, windo
 	}
 }
 
-// stamped is one decision with the instant its answer arrived.
-type stamped struct {
-	result
-	done time.Time
-}
-
-// driveStamped is drive, also recording when each answer arrived.
-func driveStamped(t *testing.T, replicas []*sidecar, n, workers int, req func(int) *authv3.CheckRequest) []stamped {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	out := make([]stamped, n)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n || ctx.Err() != nil {
-					return
-				}
-				r := replicas[i%len(replicas)]
-				start := time.Now()
-				resp, err := r.Client.Check(ctx, req(i))
-				done := time.Now()
-				out[i] = stamped{result{replica: i % len(replicas), resp: resp, err: err, latency: done.Sub(start)}, done}
-			}
-		}()
-	}
-	wg.Wait()
-	if ctx.Err() != nil {
-		t.Fatalf("load run of %d requests did not finish within its deadline", n)
-	}
-	return out
-}
-
 // The leaky bucket across three replicas: a burst admits 1 + ⌊max_delay /
 // interval⌋ at once and then one per interval, and the OKs reach the
 // callers spaced by the interval: the replicas hold each admitted request
@@ -191,13 +151,11 @@ func driveStamped(t *testing.T, replicas []*sidecar, n, workers int, req func(in
 func testLeakyBucketShapes(t *testing.T, replicas []*sidecar, rdb *redis.Client) {
 	const interval, maxDelay = 100 * time.Millisecond, 150 * time.Millisecond
 	start := time.Now()
-	stamps := driveStamped(t, replicas, 600, 32, algorithmRequest("leaky_bucket", "key-ada"))
+	results := drive(t, replicas, 600, 32, algorithmRequest("leaky_bucket", "key-ada"))
 	elapsed := time.Since(start)
-	results := make([]result, len(stamps))
 	var released []time.Time
 	var slowest time.Duration
-	for i, s := range stamps {
-		results[i] = s.result
+	for _, s := range results {
 		if s.err == nil && httpStatus(s.resp) == 200 {
 			released = append(released, s.done)
 			slowest = max(slowest, s.latency)

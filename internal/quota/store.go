@@ -32,11 +32,17 @@ var (
 	peersScript  = newScript(peersSrc)
 )
 
+// clockSrc defines now_us, the time every script decides at.
+//
+//go:embed scripts/clock.lua
+var clockSrc string
+
 // scripts lists every script, for Warm.
 var scripts []*redis.Script
 
+// newScript prepends the clock to src and registers the script for Warm.
 func newScript(src string) *redis.Script {
-	s := redis.NewScript(src)
+	s := redis.NewScript(clockSrc + src)
 	scripts = append(scripts, s)
 	return s
 }
@@ -266,7 +272,7 @@ func (s *Store) giveBack(ctx context.Context, partition string, n int64) error {
 // heartbeat records replica id and returns the number of replicas heard
 // within ttl.
 func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration) (int64, error) {
-	v, err := s.run(ctx, "peers", peersScript, []string{s.peersKey()}, id, ttl.Milliseconds(), s.nowArg(time.Millisecond))
+	v, err := s.run(ctx, "peers", peersScript, []string{s.peersKey()}, id, ttl.Milliseconds(), s.nowArg(time.Microsecond))
 	if err != nil {
 		return 0, err
 	}

@@ -48,7 +48,12 @@ func Binary(t testing.TB) string {
 // redis-server arguments, such as "--requirepass", "secret".
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
-	s := &Server{t: t, dir: t.TempDir(), args: extra}
+	return launch(t, &Server{t: t, dir: t.TempDir(), args: extra})
+}
+
+// launch starts s on a free port, trying another when one is taken.
+func launch(t testing.TB, s *Server) *Server {
+	t.Helper()
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		s.port = freePort(t)
@@ -70,17 +75,7 @@ type TLSFiles struct {
 // StartTLS is Start for a server that speaks only TLS on its port.
 func StartTLS(t testing.TB, files TLSFiles, extra ...string) *Server {
 	t.Helper()
-	s := &Server{t: t, dir: t.TempDir(), args: extra, tls: &files}
-	var err error
-	for attempt := 0; attempt < 5; attempt++ {
-		s.port = freePort(t)
-		if err = s.start(); err == nil {
-			t.Cleanup(s.Kill)
-			return s
-		}
-	}
-	t.Fatalf("starting redis-server with TLS: %v", err)
-	return nil
+	return launch(t, &Server{t: t, dir: t.TempDir(), args: extra, tls: &files})
 }
 
 func (s *Server) start() error {

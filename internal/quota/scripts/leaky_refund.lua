@@ -10,12 +10,8 @@
 -- Keys expire on Redis' own clock. With injected test time that is not
 -- the clock deciding: keep such keys a minute at least.
 local keep = 0
-local now = tonumber(ARGV[1])
-if now then keep = 60000 end
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+if tonumber(ARGV[1]) then keep = 60000 end
+local now = now_us(ARGV[1])
 local st = redis.call('HMGET', KEYS[1], 'used', 'ts', 'iv')
 local used = tonumber(st[1])
 local ts = tonumber(st[2])

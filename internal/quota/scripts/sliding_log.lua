@@ -20,12 +20,8 @@ local limit = tonumber(ARGV[2])
 -- the clock deciding, and a test may run longer than a TTL computed from
 -- injected instants: keep such keys a minute at least.
 local keep = 0
-local now = tonumber(ARGV[4])
-if now then keep = 60000 end
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+if tonumber(ARGV[4]) then keep = 60000 end
+local now = now_us(ARGV[4])
 
 -- An entry at exactly now - w has left the window (now - w, now].
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - w))

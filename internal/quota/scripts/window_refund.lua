@@ -11,11 +11,7 @@
 -- window gives it back there; a fixed window's previous count is gone.
 -- Returns 1 when a unit was given back.
 local w = tonumber(ARGV[1])
-local now = tonumber(ARGV[3])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = now_us(ARGV[3])
 local ws = now - (now % w)
 local st = redis.call('HMGET', KEYS[1], 'w', 'c')
 local sw, c = tonumber(st[1]), tonumber(st[2]) or 0
