@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test lint fuzz redis-server bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down
+.PHONY: all build run test lint fuzz redis-server bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down demo
 IMAGE   ?= extauthz:dev
 
 all: build
@@ -57,6 +57,13 @@ bench-micro: redis-server
 # of the product's dependencies.
 test-deploy:
 	cd tests/deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# The whole story in one command: a redis-server and three replicas of the
+# real binary on loopback, the seed scenario beside every algorithm, and the
+# boundary burst replayed with injected time. Needs redis-server on PATH
+# (`make redis-server` installs it).
+demo: build
+	$(GO) run ./tests/demo -bin bin/extauthz
 
 # Container image (Docker with BuildKit).
 image:

@@ -137,6 +137,7 @@ type result struct {
 	resp    *authv3.CheckResponse
 	err     error
 	latency time.Duration
+	done    time.Time // when the answer arrived
 }
 
 // drive sends n requests from `workers` goroutines, request i going to
@@ -161,7 +162,8 @@ func drive(t *testing.T, replicas []*sidecar, n, workers int, req func(i int) *a
 				r := replicas[i%len(replicas)]
 				start := time.Now()
 				resp, err := r.Client.Check(ctx, req(i))
-				out[i] = result{replica: i % len(replicas), resp: resp, err: err, latency: time.Since(start)}
+				done := time.Now()
+				out[i] = result{replica: i % len(replicas), resp: resp, err: err, latency: done.Sub(start), done: done}
 			}
 		}()
 	}

@@ -21,6 +21,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/loadgen"
 	"google.golang.org/grpc"
@@ -313,3 +314,6 @@ func (s *sidecar) check(req *authv3.CheckRequest) *authv3.CheckResponse {
 	}
 	return resp
 }
+
+// redisOptions is go-redis's client options, for tests that tweak them.
+type redisOptions = redis.Options

@@ -63,7 +63,7 @@ func assertAllAllowed(t *testing.T, samples []sample) {
 			t.Fatalf("background request %d of %d: status %d, error %v", i, len(samples), smp.status, smp.err)
 		}
 	}
-	if len(samples) < 100 {
+	if len(samples) < 20 {
 		t.Fatalf("only %d background requests ran", len(samples))
 	}
 }
@@ -80,6 +80,7 @@ func TestReloadOnFileChangeUnderTraffic(t *testing.T) {
 	cfg, _ := os.ReadFile(s.config)
 	writeAtomically(t, s.config, strings.Replace(string(cfg), "limit: 3,", "limit: 6,", 1))
 	waitMetric(t, s, 10*time.Second, 1, "extauthz_config_reloads_total", "result", "success")
+	waitCount(t, bg, len(bg.snapshot())+20) // traffic flows on across the reload
 	// 3 of 6 are used: 3 more, then denied.
 	if got := s.admitted(5, limitedReq(ip)); got != 3 {
 		t.Fatalf("after raising the limit to 6: %d more admitted, want 3", got)
@@ -103,6 +104,7 @@ func TestInvalidReloadKeepsRunningConfig(t *testing.T) {
 	// SIGHUP re-reads the same bad file: refused again.
 	s.cmd.Process.Signal(syscall.SIGHUP)
 	waitMetric(t, s, 10*time.Second, 2, "extauthz_config_reloads_total", "result", "failure")
+	waitCount(t, bg, len(bg.snapshot())+20)
 	assertAllAllowed(t, bg.halt())
 }
 

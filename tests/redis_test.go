@@ -14,9 +14,11 @@ import (
 )
 
 // redisConfig is a configuration with a redis section and mode as the
-// default mode, followed by body.
+// default mode, followed by body. Its timeout is long: these tests are
+// about exactness, and a busy test machine must not push decisions into
+// fallback (outage_test.go tests short timeouts).
 func redisConfig(addr, mode, body string) string {
-	return fmt.Sprintf("redis: {addrs: [%s], timeout: 200ms}\ndefault_mode: %s\nlocal: {slice_idle: 200ms}\n%s", addr, mode, body)
+	return fmt.Sprintf("redis: {addrs: [%s], timeout: 2s}\ndefault_mode: %s\nlocal: {slice_idle: 200ms}\n%s", addr, mode, body)
 }
 
 func startReplicas(t *testing.T, n int, cfg string) []*sidecar {
@@ -26,6 +28,17 @@ func startReplicas(t *testing.T, n int, cfg string) []*sidecar {
 		out = append(out, startSidecar(t, cfg))
 	}
 	return out
+}
+
+// assertNoFallback fails the test when any replica decided without Redis:
+// exactness claims only hold for decisions Redis made.
+func assertNoFallback(t *testing.T, replicas []*sidecar) {
+	t.Helper()
+	for _, r := range replicas {
+		if d := r.metric("extauthz_degraded_decisions_total"); d != 0 {
+			t.Fatalf("replica %s made %v decisions without Redis (timeouts?)", r.GRPC, d)
+		}
+	}
 }
 
 // waitPeers waits until every replica has observed n peers through Redis,
@@ -57,6 +70,7 @@ func TestSeedScenarioSharedRedis(t *testing.T) {
 			if counts[200]+counts[429] != 600 {
 				t.Fatalf("statuses = %v", counts)
 			}
+			assertNoFallback(t, replicas)
 			assertAdmitted(t, counts[200], 100, 100, time.Minute, elapsed, 1)
 			for _, r := range results {
 				if httpStatus(r.resp) == 429 {

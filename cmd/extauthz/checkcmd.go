@@ -13,6 +13,7 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -23,7 +24,7 @@ import (
 func init() {
 	register(command{
 		name:  "check",
-		usage: "[-addr A] [-H 'name: value']... [-source IP] [-host H] [-context k=v]... METHOD PATH",
+		usage: "[-addr A] [-H 'name: value']... [-source IP] [-host H] [-context k=v]... [-cacert F [-cert F -key F]] METHOD PATH",
 		short: "send one CheckRequest shaped as Envoy builds it and print the decision",
 		run:   runCheck,
 	})
@@ -42,6 +43,9 @@ func runCheck(e env, args []string) (int, error) {
 	host := fs.String("host", "localhost", "request host (:authority)")
 	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
 	verbose := fs.Bool("v", false, "also print the CheckRequest and the dynamic metadata as JSON")
+	caFile := fs.String("cacert", "", "connect with TLS, trusting the CAs in this PEM file")
+	certFile := fs.String("cert", "", "client certificate (PEM) for mTLS; with -key")
+	keyFile := fs.String("key", "", "client key (PEM) for mTLS; with -cert")
 	var headers, contexts repeated
 	fs.Var(&headers, "H", "request header 'name: value' (repeatable)")
 	fs.Var(&contexts, "context", "per-route context extension key=value (repeatable)")
@@ -83,7 +87,15 @@ func runCheck(e env, args []string) (int, error) {
 	if !strings.HasPrefix(target, "unix://") {
 		target = "passthrough:///" + target
 	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if *caFile != "" || *certFile != "" {
+		tc, err := clientTLS(&config.ClientTLS{CAFile: *caFile, CertFile: *certFile, KeyFile: *keyFile})
+		if err != nil {
+			return 2, err
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return 2, err
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"os"
@@ -56,8 +55,12 @@ func connectRedis(cfg *config.Config, cache *quota.Cache, m *metrics.Metrics, lo
 		MaxRetries:            -1,
 		ClientName:            "extauthz",
 	}
-	if rc.TLS {
-		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	if rc.TLS != nil {
+		tc, err := clientTLS(rc.TLS)
+		if err != nil {
+			return nil, err
+		}
+		opts.TLSConfig = tc
 	}
 	client := redis.NewUniversalClient(opts)
 
@@ -78,6 +81,13 @@ func connectRedis(cfg *config.Config, cache *quota.Cache, m *metrics.Metrics, lo
 
 	p := &redisParts{client: client}
 	p.store = quota.NewStore(client, quota.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Metrics: m, Log: log})
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if werr := p.store.Warm(ctx); werr != nil {
+			log.Warn("loading scripts into redis", "error", werr.Error())
+		}
+		cancel()
+	}
 	p.peers = quota.NewPeers(p.store, quota.ReplicaID(os.Getenv(ReplicaIDEnv)), cfg.Fallback.PeerTTL, cfg.Fallback.MinPeers, m, log)
 	p.hybrid = quota.NewHybrid(cache, p.store, p.peers, quota.HybridOptions{SliceIdle: cfg.Local.SliceIdle, Metrics: m, Log: log})
 	p.redisMode = quota.NewResilient(quota.NewRedis(p.store), cache, p.peers)

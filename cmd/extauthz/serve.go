@@ -18,6 +18,7 @@ import (
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -149,7 +150,16 @@ func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, e
 		return nil, err
 	}
 	s.checks = srv
-	s.grpc = grpc.NewServer(check.ServerOptions()...)
+	opts := check.ServerOptions()
+	if cfg.Listen.TLS != nil {
+		tc, err := serverTLS(cfg.Listen.TLS)
+		if err != nil {
+			s.redis.close(log)
+			return nil, err
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	s.grpc = grpc.NewServer(opts...)
 	authv3.RegisterAuthorizationServer(s.grpc, srv)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	if cfg.Listen.Reflection {

@@ -3,10 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/quota"
 )
 
 func init() {
@@ -101,11 +103,22 @@ func describeKey(k []config.KeyPart) string {
 
 func describeLimit(cfg *config.Config, p config.Policy) string {
 	if p.UsePlan {
-		return "plan"
+		names := make([]string, 0, len(cfg.Plans))
+		for name, plan := range cfg.Plans {
+			names = append(names, fmt.Sprintf("%s %d/%s", name, plan.Limit, plan.Window))
+		}
+		sort.Strings(names)
+		return "plan (" + strings.Join(names, ", ") + ")"
 	}
 	s := fmt.Sprintf("%d/%s", p.Limit, p.Window)
 	if p.Burst != 0 && p.Burst != p.Limit {
 		s += fmt.Sprintf(" burst %d", p.Burst)
+	}
+	if p.Algorithm == quota.LeakyBucket {
+		s += fmt.Sprintf(" hold ≤%s", p.MaxDelay)
+		if p.Queue > 0 {
+			s += fmt.Sprintf(" queue %d", p.Queue)
+		}
 	}
 	return s
 }

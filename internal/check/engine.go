@@ -38,6 +38,7 @@ type engine struct {
 	keyring   *identity.Keyring[client]
 	keyHeader string // clients.header, lower case
 	policies  []*policy
+	hold      holdFunc // waits out a leaky bucket's delay
 
 	warn          *slog.Logger // nil: warnings are not logged
 	warnedTooMany atomic.Bool  // a MaxPoliciesPerRequest refusal was logged
@@ -129,7 +130,8 @@ func newLimit(p config.Policy, n int64, window time.Duration, burst int64) limit
 	}[p.OnRedisError]
 	h := policyHeader(p.Name, n, window)
 	return limit{
-		Limit:     quota.Limit{Algorithm: p.Algorithm, Limit: n, Window: window, Burst: burst, OnError: onError},
+		Limit: quota.Limit{Algorithm: p.Algorithm, Limit: n, Window: window, Burst: burst, OnError: onError,
+			Queue: p.Queue, MaxDelay: p.MaxDelay},
 		header:    h,
 		policyOpt: header("ratelimit-policy", h),
 	}

@@ -38,6 +38,7 @@ const (
 	OutcomeUnauthorized = "unauthorized"
 	OutcomeUnavailable  = "unavailable"
 	OutcomeError        = "error"
+	OutcomeCanceled     = "canceled" // the caller gave up while its request was held
 )
 
 // Server is the Authorization service. It is safe for concurrent use; Update
@@ -48,6 +49,7 @@ type Server struct {
 	limiters Limiters
 	metrics  *metrics.Metrics
 	now      func() time.Time
+	hold     holdFunc
 	engine   atomic.Pointer[engine]
 	outcomes map[string]prometheus.Counter
 
@@ -81,8 +83,8 @@ func WithDecisionLog(log *slog.Logger, every int) Option {
 // New returns a Server enforcing cfg with the given limiters, one per mode
 // the configuration uses.
 func New(cfg *config.Config, limiters Limiters, m *metrics.Metrics, opts ...Option) (*Server, error) {
-	s := &Server{limiters: limiters, metrics: m, outcomes: map[string]prometheus.Counter{}}
-	for _, o := range []string{OutcomeOK, OutcomeOverLimit, OutcomeUnauthorized, OutcomeUnavailable, OutcomeError} {
+	s := &Server{limiters: limiters, metrics: m, hold: sleepCtx, outcomes: map[string]prometheus.Counter{}}
+	for _, o := range []string{OutcomeOK, OutcomeOverLimit, OutcomeUnauthorized, OutcomeUnavailable, OutcomeError, OutcomeCanceled} {
 		s.outcomes[o] = m.Checks.WithLabelValues(o)
 	}
 	for _, o := range opts {
@@ -102,6 +104,7 @@ func (s *Server) Update(cfg *config.Config) error {
 		return err
 	}
 	e.warn = s.warn
+	e.hold = s.hold
 	s.engine.Store(e)
 	s.metrics.ConfigPolicies.Set(float64(len(e.policies)))
 	return nil
@@ -205,6 +208,9 @@ func (e *engine) decide(ctx context.Context, req *authv3.CheckRequest, now time.
 			return e.reducedCapacity(takes, caller), OutcomeUnavailable, nil
 		}
 		return e.overLimit(takes, caller), OutcomeOverLimit, nil
+	}
+	if err := e.holdAllowed(ctx, takes, now); err != nil {
+		return nil, OutcomeCanceled, err
 	}
 	return e.allow(&a, takes, caller, credHeader), OutcomeOK, nil
 }

@@ -76,14 +76,33 @@ type Listen struct {
 	GRPC       string // host:port or unix:///path
 	Admin      string // host:port for /metrics, /healthz, /readyz; "" disables
 	Reflection bool   // register gRPC server reflection
+	// TLS serves gRPC over TLS (mTLS with ClientCAFile), for deployments
+	// where Envoy does not reach the sidecar over loopback; nil: plaintext.
+	TLS *ServerTLS
+}
+
+// ServerTLS is the gRPC listener's certificate and, for mTLS, the CAs that
+// sign accepted client certificates.
+type ServerTLS struct {
+	CertFile     string
+	KeyFile      string
+	ClientCAFile string // "": clients are not asked for a certificate
+}
+
+// ClientTLS configures TLS to Redis.
+type ClientTLS struct {
+	CAFile             string // "": the system roots
+	CertFile, KeyFile  string // a client certificate, when Redis asks for one
+	ServerName         string // "": the host of the address
+	InsecureSkipVerify bool   // for tests only; validate warns
 }
 
 // Redis holds the shared store's connection settings.
 type Redis struct {
 	Addrs       []string // one: standalone; several: Redis Cluster
 	Username    string
-	PasswordEnv string // name of the environment variable holding the password
-	TLS         bool
+	PasswordEnv string        // name of the environment variable holding the password
+	TLS         *ClientTLS    // nil: plaintext
 	Timeout     time.Duration // per call
 	KeyPrefix   string
 }
@@ -144,6 +163,11 @@ type Policy struct {
 	OnRedisError OnRedisError
 	OnMissingKey OnMissingKey
 	Shadow       bool
+	// Queue and MaxDelay shape a leaky_bucket policy: at most Queue
+	// requests wait for their slot (-1: as many as MaxDelay allows), none
+	// longer than MaxDelay. Zero for other algorithms.
+	Queue    int64
+	MaxDelay time.Duration
 }
 
 // Match selects requests. Every non-empty field must match; a Match with no

@@ -136,3 +136,23 @@ func TestAllErrorsReported(t *testing.T) {
 		t.Fatalf("got %q", lines)
 	}
 }
+
+func TestRedisTLSShapes(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want *ClientTLS
+	}{
+		{"tls: false", nil},
+		{"tls: true", &ClientTLS{}},
+		{"tls: {server_name: redis.internal, ca_file: /dev/null}", &ClientTLS{ServerName: "redis.internal", CAFile: "/dev/null"}},
+	} {
+		c, err := Parse([]byte("redis:\n  addrs: [127.0.0.1:6379]\n  "+tc.yaml+"\n"), "t")
+		if err != nil {
+			t.Fatalf("%s: %v", tc.yaml, err)
+		}
+		got := c.Redis.TLS
+		if (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+			t.Fatalf("%s: TLS = %+v, want %+v", tc.yaml, got, tc.want)
+		}
+	}
+}

@@ -33,6 +33,12 @@ func decodeValue(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return // an explicit null leaves the zero value
 	}
+	if v.CanAddr() {
+		if d, ok := v.Addr().Interface().(nodeDecoder); ok {
+			d.decodeNode(n, path, errs)
+			return
+		}
+	}
 	switch v.Kind() {
 	case reflect.Pointer:
 		if v.IsNil() {
@@ -92,6 +98,12 @@ func decodeValue(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
 			errs.add(path, "%s is not %s", strconv.Quote(n.Value), kindName(v.Kind()))
 		}
 	}
+}
+
+// nodeDecoder is a field type that decodes itself, for settings that take
+// more than one shape (such as `tls: true` or `tls: {ca_file: ...}`).
+type nodeDecoder interface {
+	decodeNode(n *yaml.Node, path string, errs *Errors)
 }
 
 func structFields(t reflect.Type) map[string]int {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -27,18 +28,51 @@ type rawConfig struct {
 }
 
 type rawListen struct {
-	GRPC       *string `yaml:"grpc"`
-	Admin      *string `yaml:"admin"`
-	Reflection bool    `yaml:"reflection"`
+	GRPC       *string       `yaml:"grpc"`
+	Admin      *string       `yaml:"admin"`
+	Reflection bool          `yaml:"reflection"`
+	TLS        *rawServerTLS `yaml:"tls"`
+}
+
+type rawServerTLS struct {
+	CertFile     string `yaml:"cert_file"`
+	KeyFile      string `yaml:"key_file"`
+	ClientCAFile string `yaml:"client_ca_file"`
 }
 
 type rawRedis struct {
-	Addrs       []string `yaml:"addrs"`
-	Username    string   `yaml:"username"`
-	PasswordEnv string   `yaml:"password_env"`
-	TLS         bool     `yaml:"tls"`
-	Timeout     string   `yaml:"timeout"`
-	KeyPrefix   *string  `yaml:"key_prefix"`
+	Addrs       []string     `yaml:"addrs"`
+	Username    string       `yaml:"username"`
+	PasswordEnv string       `yaml:"password_env"`
+	TLS         rawClientTLS `yaml:"tls"`
+	Timeout     string       `yaml:"timeout"`
+	KeyPrefix   *string      `yaml:"key_prefix"`
+}
+
+// rawClientTLS is `tls: true|false` or a mapping of TLS settings (which
+// turns TLS on).
+type rawClientTLS struct {
+	Enabled            bool   `yaml:"-"`
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+func (t *rawClientTLS) decodeNode(n *yaml.Node, path string, errs *Errors) {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if err := n.Decode(&t.Enabled); err != nil {
+			errs.add(path, "%q is not true, false or a mapping of TLS settings", n.Value)
+		}
+	case yaml.MappingNode:
+		t.Enabled = true
+		type fields rawClientTLS // the same fields, without this method
+		decodeValue(n, reflect.ValueOf((*fields)(t)).Elem(), path, errs)
+	default:
+		errs.add(path, "expected true, false or a mapping of TLS settings, got %s", describe(n))
+	}
 }
 
 type rawLocal struct {
@@ -83,6 +117,8 @@ type rawPolicy struct {
 	Window       string   `yaml:"window"`
 	Burst        int64    `yaml:"burst"`
 	Algorithm    string   `yaml:"algorithm"`
+	Queue        *int64   `yaml:"queue"`
+	MaxDelay     string   `yaml:"max_delay"`
 	Mode         string   `yaml:"mode"`
 	OnRedisError string   `yaml:"on_redis_error"`
 	OnMissingKey string   `yaml:"on_missing_key"`

@@ -3,8 +3,10 @@ package config
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"regexp"
 	"sort"
 	"strconv"
@@ -67,9 +69,15 @@ func validate(r *rawConfig, errs *Errors) *Config {
 			errs.add("listen.admin", "%q %s", c.Listen.Admin, err)
 		}
 	}
+	if t := r.Listen.TLS; t != nil {
+		c.Listen.TLS = &ServerTLS{CertFile: t.CertFile, KeyFile: t.KeyFile, ClientCAFile: t.ClientCAFile}
+		requireFile(t.CertFile, "listen.tls.cert_file", errs)
+		requireFile(t.KeyFile, "listen.tls.key_file", errs)
+		optionalFile(t.ClientCAFile, "listen.tls.client_ca_file", errs)
+	}
 
 	if r.Redis != nil {
-		c.Redis = validateRedis(r.Redis, errs)
+		c.Redis = validateRedis(r.Redis, errs, &c.Warnings)
 	}
 
 	c.DefaultMode = ModeLocal
@@ -145,12 +153,11 @@ func checkListen(addr string, unixOK bool) error {
 	return nil
 }
 
-func validateRedis(r *rawRedis, errs *Errors) *Redis {
+func validateRedis(r *rawRedis, errs *Errors, warnings *[]string) *Redis {
 	rc := &Redis{
 		Addrs:       r.Addrs,
 		Username:    r.Username,
 		PasswordEnv: r.PasswordEnv,
-		TLS:         r.TLS,
 		Timeout:     DefaultTimeout,
 		KeyPrefix:   DefaultKeyPrefix,
 	}
@@ -165,6 +172,18 @@ func validateRedis(r *rawRedis, errs *Errors) *Redis {
 	if r.PasswordEnv != "" && !regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`).MatchString(r.PasswordEnv) {
 		errs.add("redis.password_env", "%q is not an environment variable name", r.PasswordEnv)
 	}
+	if t := r.TLS; t.Enabled {
+		rc.TLS = &ClientTLS{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
+		optionalFile(t.CAFile, "redis.tls.ca_file", errs)
+		optionalFile(t.CertFile, "redis.tls.cert_file", errs)
+		optionalFile(t.KeyFile, "redis.tls.key_file", errs)
+		if (t.CertFile == "") != (t.KeyFile == "") {
+			errs.add("redis.tls", "cert_file and key_file go together")
+		}
+		if t.InsecureSkipVerify {
+			*warnings = append(*warnings, "redis.tls.insecure_skip_verify: the Redis server's certificate is not checked; for tests only")
+		}
+	}
 	durationField(r.Timeout, "redis.timeout", &rc.Timeout, errs)
 	if r.KeyPrefix != nil {
 		rc.KeyPrefix = *r.KeyPrefix
@@ -173,6 +192,27 @@ func validateRedis(r *rawRedis, errs *Errors) *Redis {
 		}
 	}
 	return rc
+}
+
+// requireFile reports a missing or unreadable file named at path.
+func requireFile(name, path string, errs *Errors) {
+	if name == "" {
+		errs.add(path, "is required")
+		return
+	}
+	optionalFile(name, path, errs)
+}
+
+func optionalFile(name, path string, errs *Errors) {
+	if name == "" {
+		return
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		errs.add(path, "%q cannot be read: %v", name, errors.Unwrap(err))
+		return
+	}
+	f.Close()
 }
 
 func validatePlan(r rawPlan, path string, errs *Errors) Plan {
@@ -330,10 +370,8 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		if r.Burst != 0 {
 			errs.add(path+".burst", "applies to token_bucket only, not %s", p.Algorithm)
 		}
-		if !supportedAlgorithm(p.Algorithm) {
-			errs.add(path+".algorithm", "%s is not available in this build yet; use token_bucket", p.Algorithm)
-		}
 	}
+	validateAlgorithm(r, path, &p, c, errs)
 
 	if r.Mode != "" {
 		m, ok := parseMode(r.Mode)
@@ -488,6 +526,3 @@ func sortedKeys[V any](m map[string]V) []string {
 	sort.Strings(keys)
 	return keys
 }
-
-// supportedAlgorithm reports whether this build enforces a.
-func supportedAlgorithm(a quota.Algorithm) bool { return a == quota.TokenBucket }

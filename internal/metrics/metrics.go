@@ -32,7 +32,7 @@ type Metrics struct {
 	ConfigPolicies prometheus.Gauge
 
 	// RedisCalls counts calls to Redis by operation (lease, return, peers,
-	// ping) and result (ok, error, timeout).
+	// probe) and result (ok, error, timeout).
 	RedisCalls *prometheus.CounterVec
 	// RedisDuration is the time Redis calls take, by operation.
 	RedisDuration *prometheus.HistogramVec
@@ -67,7 +67,7 @@ func New(version string) *Metrics {
 		}, []string{"policy", "mode", "result"}),
 		Checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "checks_total",
-			Help: "Check calls by outcome (ok, over_limit, unauthorized, unavailable, error).",
+			Help: "Check calls by outcome (ok, over_limit, unauthorized, unavailable, canceled, error).",
 		}, []string{"outcome"}),
 		CheckDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "check_duration_seconds",

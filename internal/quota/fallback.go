@@ -8,8 +8,9 @@ import (
 
 // Resilient wraps a Redis-backed limiter so that a Redis failure is never
 // an error to the caller: each limit follows its OnError. With
-// ErrorFallback the key is decided by a local token bucket of limit ÷
-// peers and burst ÷ peers (at least one token), peers being the replica
+// ErrorFallback the key is decided locally, with the limit's own
+// algorithm, at limit ÷ peers (a token bucket's burst likewise, at least
+// one token; a leaky bucket's queue likewise), peers being the replica
 // count last observed through Redis, so the replicas together stay close
 // to the limit while each decides alone.
 type Resilient struct {
@@ -44,26 +45,35 @@ func (r *Resilient) Take(ctx context.Context, key string, l Limit, now time.Time
 	fl := r.fallbackLimit(l)
 	sh := r.cache.Lock(key)
 	e := entryLocked(sh, key)
-	ns := now.UnixNano()
-	if iv := fl.Interval(); iv != e.iv {
-		e.tat, e.iv = tokenBucketRescale(e.tat, ns, e.iv, iv), iv
-	}
-	e.tat, d = tokenBucketTake(e.tat, ns, fl)
+	d, err = e.takeLocked(fl, now.UnixNano())
 	sh.Unlock()
+	if err != nil {
+		return Decision{}, err
+	}
 	d.Limit = l.Limit // clients see the policy, not its share
 	d.Degraded = DegradedFallback
 	return d, nil
 }
 
-// fallbackLimit is this replica's share of l.
+// fallbackLimit is this replica's share of l, decided locally with l's
+// own algorithm, so a window stays a window and a leaky bucket still
+// shapes.
 func (r *Resilient) fallbackLimit(l Limit) Limit {
 	peers := max(r.peers.Count(), 1)
-	return Limit{
-		Algorithm: TokenBucket,
+	fl := Limit{
+		Algorithm: l.Algorithm,
 		Limit:     max(l.Limit/peers, 1),
 		Window:    l.Window,
-		Burst:     max(l.Capacity()/peers, 1),
+		Queue:     l.Queue,
+		MaxDelay:  l.MaxDelay,
 	}
+	if l.Algorithm == TokenBucket {
+		fl.Burst = max(l.Capacity()/peers, 1)
+	}
+	if l.Queue > 0 {
+		fl.Queue = max(l.Queue/peers, 1)
+	}
+	return fl
 }
 
 // Refund implements Limiter: to Redis when it answers, else to the local
@@ -73,8 +83,8 @@ func (r *Resilient) Refund(ctx context.Context, key string, l Limit, now time.Ti
 		return nil
 	}
 	sh := r.cache.Lock(key)
-	if e, ok := sh.Peek(key); ok && e.iv != 0 {
-		e.tat = max(e.tat-e.iv, now.UnixNano())
+	if e, ok := sh.Peek(key); ok {
+		e.refundLocked(r.fallbackLimit(l), now.UnixNano())
 	}
 	sh.Unlock()
 	return nil

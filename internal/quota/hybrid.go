@@ -27,6 +27,13 @@ import (
 // as "denied until the next token is due", answered locally until then.
 // Concurrent misses on one key make one Redis call: the first request leases
 // while the others wait for it and then spend what it brought.
+//
+// Only the token bucket leases. Fixed and sliding window counts could be
+// leased the same way, but a count leased in one window is worthless in
+// the next, and a sliding log or a leaky bucket's slots cannot be spent
+// out of order; hybrid policies with those algorithms make one exact
+// redis-mode script call per decision, so they too never admit more than
+// the limit.
 
 // slice is a key's hybrid state inside its cache Entry, guarded by the
 // entry's shard lock.
@@ -124,8 +131,12 @@ func NewHybrid(cache *Cache, store *Store, peers PeerCounter, opts HybridOptions
 	return h
 }
 
-// Take implements Limiter.
+// Take implements Limiter. Only token buckets lease slices; every other
+// algorithm is decided by its exact redis-mode script.
 func (h *Hybrid) Take(ctx context.Context, key string, l Limit, now time.Time) (Decision, error) {
+	if l.Algorithm != TokenBucket {
+		return h.store.decide(ctx, key, l)
+	}
 	ns := now.UnixNano()
 	sh := h.cache.Lock(key)
 	e := entryLocked(sh, key)
@@ -259,8 +270,11 @@ func (h *Hybrid) sliceSizeLocked(e *Entry, l Limit, ns int64) int64 {
 }
 
 // Refund implements Limiter: the unit goes back into the local slice, to be
-// spent or given back later.
-func (h *Hybrid) Refund(_ context.Context, key string, _ Limit, _ time.Time) error {
+// spent or given back later (other algorithms: to Redis at once).
+func (h *Hybrid) Refund(ctx context.Context, key string, l Limit, _ time.Time) error {
+	if l.Algorithm != TokenBucket {
+		return h.store.refund(ctx, key, l)
+	}
 	sh := h.cache.Lock(key)
 	if e, ok := sh.Peek(key); ok && !e.evicted {
 		e.tokens++

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -44,9 +43,14 @@ func NewCache(maxKeys int) (*Cache, error) {
 // the lock of the cache shard that holds it.
 type Entry struct {
 	alg Algorithm
-	// Token bucket (local mode, and the fallback bucket of Redis modes).
+	// Token bucket (local mode, and the fallback bucket of Redis modes);
+	// leaky bucket too, where tat is the next free slot.
 	tat int64 // unix ns at which the bucket is full
 	iv  int64 // the refill interval tat was computed with
+
+	// counts holds the window counters and the sliding log, allocated only
+	// for those algorithms so the buckets' entries stay small.
+	counts *counts
 
 	slice // hybrid mode's leased tokens
 }
@@ -58,30 +62,22 @@ func NewLocal(cache *Cache) *Local {
 
 // Take implements Limiter.
 func (s *Local) Take(_ context.Context, key string, l Limit, now time.Time) (Decision, error) {
-	if l.Algorithm != TokenBucket {
-		return Decision{}, fmt.Errorf("quota: algorithm %s is not supported in local mode", l.Algorithm)
-	}
 	sh := s.cache.Lock(key)
 	e, ok := sh.Get(key)
 	if !ok || e.alg != l.Algorithm {
 		e = &Entry{alg: l.Algorithm}
 		sh.Add(key, e)
 	}
-	ns := now.UnixNano()
-	if iv := l.Interval(); iv != e.iv {
-		e.tat, e.iv = tokenBucketRescale(e.tat, ns, e.iv, iv), iv
-	}
-	var d Decision
-	e.tat, d = tokenBucketTake(e.tat, ns, l)
+	d, err := e.takeLocked(l, now.UnixNano())
 	sh.Unlock()
-	return d, nil
+	return d, err
 }
 
 // Refund implements Limiter.
 func (s *Local) Refund(_ context.Context, key string, l Limit, now time.Time) error {
 	sh := s.cache.Lock(key)
-	if e, ok := sh.Get(key); ok && e.alg == l.Algorithm {
-		e.tat = tokenBucketRefund(e.tat, now.UnixNano(), l)
+	if e, ok := sh.Get(key); ok {
+		e.refundLocked(l, now.UnixNano())
 	}
 	sh.Unlock()
 	return nil

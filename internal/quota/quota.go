@@ -69,6 +69,13 @@ type Limit struct {
 	Burst int64
 	// OnError applies to Redis-backed limiters when Redis fails.
 	OnError OnError
+	// Queue (leaky bucket only) is how many admitted requests may wait for
+	// their slot at once. Zero: none wait, a request passes only at its
+	// slot; negative: as many as MaxDelay allows.
+	Queue int64
+	// MaxDelay (leaky bucket only) is the longest an admitted request is
+	// held. Zero: none is held.
+	MaxDelay time.Duration
 }
 
 // Capacity returns the bucket capacity: Burst, or Limit when Burst is zero.
@@ -101,6 +108,10 @@ type Decision struct {
 	Remaining int64
 	// RetryAfter is the wait until one unit is available: 0 when Allowed.
 	RetryAfter time.Duration
+	// Delay is how long an allowed request must be held before it goes on
+	// (leaky bucket shaping: its slot is that far away). 0 unless Allowed,
+	// and never more than the limit's MaxDelay.
+	Delay time.Duration
 	// ResetAfter is the wait until the quota is fully restored: the bucket
 	// full again, or the window over.
 	ResetAfter time.Duration

@@ -6,7 +6,7 @@ import (
 )
 
 // Redis keeps every count in Redis: one atomic script call per decision,
-// timed by the Redis server's clock. Exact across any number of replicas,
+// timed by the Redis server's clock, whatever the algorithm. Exact across any number of replicas,
 // at the cost of a round trip per decision.
 type Redis struct {
 	store *Store
@@ -19,6 +19,9 @@ func NewRedis(store *Store) *Redis { return &Redis{store: store} }
 
 // Take implements Limiter. now is unused: the script reads Redis TIME.
 func (r *Redis) Take(ctx context.Context, key string, l Limit, _ time.Time) (Decision, error) {
+	if l.Algorithm != TokenBucket {
+		return r.store.decide(ctx, key, l)
+	}
 	ls, err := r.store.lease(ctx, key, l, 1)
 	if err != nil {
 		return Decision{}, err
@@ -33,6 +36,9 @@ func (r *Redis) Take(ctx context.Context, key string, l Limit, _ time.Time) (Dec
 }
 
 // Refund implements Limiter.
-func (r *Redis) Refund(ctx context.Context, key string, _ Limit, _ time.Time) error {
+func (r *Redis) Refund(ctx context.Context, key string, l Limit, _ time.Time) error {
+	if l.Algorithm != TokenBucket {
+		return r.store.refund(ctx, key, l)
+	}
 	return r.store.giveBack(ctx, key, 1)
 }

@@ -27,10 +27,25 @@ var (
 	//go:embed scripts/peers.lua
 	peersSrc string
 
-	bucketLease  = redis.NewScript(bucketLeaseSrc)
-	bucketReturn = redis.NewScript(bucketReturnSrc)
-	peersScript  = redis.NewScript(peersSrc)
+	bucketLease  = newScript(bucketLeaseSrc)
+	bucketReturn = newScript(bucketReturnSrc)
+	peersScript  = newScript(peersSrc)
 )
+
+// clockSrc defines now_us, the time every script decides at.
+//
+//go:embed scripts/clock.lua
+var clockSrc string
+
+// scripts lists every script, for Warm.
+var scripts []*redis.Script
+
+// newScript prepends the clock to src and registers the script for Warm.
+func newScript(src string) *redis.Script {
+	s := redis.NewScript(clockSrc + src)
+	scripts = append(scripts, s)
+	return s
+}
 
 // ErrStoreDown is returned without calling Redis while the store is marked
 // down after consecutive failures.
@@ -40,7 +55,7 @@ var ErrStoreDown = errors.New("quota: redis is marked down")
 // a ClusterClient fits.
 type rediser interface {
 	redis.Scripter
-	Ping(ctx context.Context) *redis.StatusCmd
+	Exists(ctx context.Context, keys ...string) *redis.IntCmd
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 }
 
@@ -52,7 +67,8 @@ type StoreOptions struct {
 	Log     *slog.Logger
 	// Clock, for tests only, makes scripts use this time instead of Redis
 	// TIME. Production leaves it nil: every decision uses the Redis
-	// server's clock, never a replica's.
+	// server's clock, never a replica's. Redis still expires keys on its
+	// own clock, so the algorithm scripts then keep keys a minute at least.
 	Clock func() time.Time
 	// TripAfter consecutive failures mark the store down (default 3).
 	TripAfter int
@@ -93,6 +109,18 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 	s.wg.Add(1)
 	go s.probeLoop()
 	return s
+}
+
+// Warm loads every script into Redis (on every master of a Cluster), so
+// the first decisions after start-up or a Redis restart do not pay for a
+// NOSCRIPT round trip and a script upload inside their timeout.
+func (s *Store) Warm(ctx context.Context) error {
+	for _, sc := range scripts {
+		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Close stops the probe loop. It does not close the client.
@@ -171,8 +199,9 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// probeLoop pings a down store once per ProbeEvery and marks it up when it
-// answers.
+// probeLoop tests a down store once per ProbeEvery and marks it up when it
+// answers. The probe is a key command, not PING: a Redis Cluster that has
+// lost a master still answers PING but refuses keys with CLUSTERDOWN.
 func (s *Store) probeLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.opts.ProbeEvery)
@@ -187,15 +216,18 @@ func (s *Store) probeLoop() {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.Timeout, 100*time.Millisecond))
-		err := s.rdb.Ping(ctx).Err()
+		err := s.rdb.Exists(ctx, s.peersKey()).Err()
 		cancel()
 		if err != nil {
-			s.opts.Metrics.RedisCalls.WithLabelValues("ping", "error").Inc()
+			s.opts.Metrics.RedisCalls.WithLabelValues("probe", "error").Inc()
 			continue
 		}
-		s.opts.Metrics.RedisCalls.WithLabelValues("ping", "ok").Inc()
+		s.opts.Metrics.RedisCalls.WithLabelValues("probe", "ok").Inc()
 		s.failures.Store(0)
 		if s.down.CompareAndSwap(true, false) {
+			wctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			s.Warm(wctx) // a restarted Redis has an empty script cache
+			cancel()
 			s.opts.Log.Info("redis is back; policies return to their mode")
 			s.opts.Metrics.RedisUp.Set(1)
 			s.notify(true)
@@ -240,7 +272,7 @@ func (s *Store) giveBack(ctx context.Context, partition string, n int64) error {
 // heartbeat records replica id and returns the number of replicas heard
 // within ttl.
 func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration) (int64, error) {
-	v, err := s.run(ctx, "peers", peersScript, []string{s.peersKey()}, id, ttl.Milliseconds(), s.nowArg(time.Millisecond))
+	v, err := s.run(ctx, "peers", peersScript, []string{s.peersKey()}, id, ttl.Milliseconds(), s.nowArg(time.Microsecond))
 	if err != nil {
 		return 0, err
 	}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ type Server struct {
 	port int
 	dir  string
 	args []string
+	tls  *TLSFiles
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited
 }
@@ -46,7 +48,12 @@ func Binary(t testing.TB) string {
 // redis-server arguments, such as "--requirepass", "secret".
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
-	s := &Server{t: t, dir: t.TempDir(), args: extra}
+	return launch(t, &Server{t: t, dir: t.TempDir(), args: extra})
+}
+
+// launch starts s on a free port, trying another when one is taken.
+func launch(t testing.TB, s *Server) *Server {
+	t.Helper()
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		s.port = freePort(t)
@@ -59,13 +66,32 @@ func Start(t testing.TB, extra ...string) *Server {
 	return nil
 }
 
+// TLSFiles are the PEM files of a TLS-only server.
+type TLSFiles struct {
+	Cert, Key, CA string
+	AuthClients   bool // require a client certificate signed by CA
+}
+
+// StartTLS is Start for a server that speaks only TLS on its port.
+func StartTLS(t testing.TB, files TLSFiles, extra ...string) *Server {
+	t.Helper()
+	return launch(t, &Server{t: t, dir: t.TempDir(), args: extra, tls: &files})
+}
+
 func (s *Server) start() error {
 	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
-	args := append([]string{
-		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+	port := []string{"--port", strconv.Itoa(s.port)}
+	if f := s.tls; f != nil {
+		auth := "no"
+		if f.AuthClients {
+			auth = "yes"
+		}
+		port = []string{"--port", "0", "--tls-port", strconv.Itoa(s.port), "--tls-cert-file", f.Cert,
+			"--tls-key-file", f.Key, "--tls-ca-cert-file", f.CA, "--tls-auth-clients", auth}
+	}
+	args := append(append(port, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--daemonize", "no",
-		"--dir", s.dir, "--loglevel", "warning",
-	}, s.args...)
+		"--dir", s.dir, "--loglevel", "warning"), s.args...)
 	s.cmd = exec.Command(Binary(s.t), args...)
 	s.cmd.Stdout = &prefixWriter{}
 	s.cmd.Stderr = s.cmd.Stdout
@@ -149,8 +175,12 @@ func commandCalls(ctx context.Context, c redis.UniversalClient) map[string]int64
 	out := map[string]int64{}
 	var infos []string
 	if cc, ok := c.(*redis.ClusterClient); ok {
+		var mu sync.Mutex // ForEachMaster runs the masters concurrently
 		cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			infos = append(infos, m.Info(ctx, "commandstats").Val())
+			info := m.Info(ctx, "commandstats").Val()
+			mu.Lock()
+			infos = append(infos, info)
+			mu.Unlock()
 			return nil
 		})
 	} else {

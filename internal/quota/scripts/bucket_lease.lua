@@ -17,11 +17,7 @@
 local iv = tonumber(ARGV[1])
 local cap = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = now_us(ARGV[4])
 
 local st = redis.call('HMGET', KEYS[1], 'used', 'ts', 'iv')
 local used = tonumber(st[1]) or 0

@@ -10,11 +10,7 @@
 -- been deleted). used never goes below zero: a returned token cannot raise
 -- the bucket above its capacity.
 local n = tonumber(ARGV[1])
-local now = tonumber(ARGV[2])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = now_us(ARGV[2])
 local st = redis.call('HMGET', KEYS[1], 'used', 'ts', 'iv')
 local used = tonumber(st[1])
 local ts = tonumber(st[2])

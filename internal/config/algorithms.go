@@ -1,0 +1,68 @@
+package config
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/extauthz/extauthz/internal/quota"
+)
+
+// Leaky bucket shaping bounds.
+const (
+	// DefaultMaxDelay is the longest a leaky_bucket policy holds a request
+	// when max_delay is not given.
+	DefaultMaxDelay = 100 * time.Millisecond
+	// MaxMaxDelay bounds max_delay. A held request is an open Check call:
+	// Envoy's ext_authz filter gives it 200ms by default (envoy/envoy.yaml,
+	// grpc_service.timeout), and the Check also spends the Redis call
+	// (redis.timeout, 20ms by default) and the network. 150ms leaves 50ms
+	// for them; past Envoy's timeout the request would fail (or, with
+	// failure_mode_allow, pass unshaped) after being counted.
+	MaxMaxDelay = 150 * time.Millisecond
+	// maxQueue bounds queue: each waiting request is a Check in flight.
+	maxQueue = 100_000
+)
+
+// validateAlgorithm checks the settings that belong to one algorithm:
+// queue and max_delay (leaky_bucket only), and the sliding log's limit,
+// whose memory is one entry per admitted request.
+func validateAlgorithm(r *rawPolicy, path string, p *Policy, c *Config, errs *Errors) {
+	if p.Algorithm != quota.LeakyBucket {
+		if r.Queue != nil {
+			errs.add(path+".queue", "applies to leaky_bucket only, not %s", p.Algorithm)
+		}
+		if r.MaxDelay != "" {
+			errs.add(path+".max_delay", "applies to leaky_bucket only, not %s", p.Algorithm)
+		}
+	} else {
+		p.Queue, p.MaxDelay = -1, DefaultMaxDelay
+		if r.Queue != nil {
+			p.Queue = *r.Queue
+			if p.Queue < 0 || p.Queue > maxQueue {
+				errs.add(path+".queue", "%d must be between 0 and %d", p.Queue, maxQueue)
+			}
+		}
+		durationField(r.MaxDelay, path+".max_delay", &p.MaxDelay, errs)
+		if p.MaxDelay > MaxMaxDelay {
+			errs.add(path+".max_delay", "%q must be at most %s: a held request must be answered within Envoy's ext_authz timeout (200ms by default), with room for the Redis call", r.MaxDelay, MaxMaxDelay)
+		}
+		if !p.UsePlan && p.Limit > 0 && p.Window > 0 && p.Window/time.Duration(p.Limit) > p.MaxDelay {
+			c.Warnings = append(c.Warnings, fmt.Sprintf("%s: leaky_bucket releases one request every %s, longer than max_delay %s: no request is ever held, a burst passes one and gets 429 for the rest",
+				path, p.Window/time.Duration(p.Limit), p.MaxDelay))
+		}
+	}
+
+	if p.Algorithm == quota.SlidingLog {
+		const why = "is too large for sliding_log, which keeps one entry per admitted request and key; at most %d (or use sliding_window)"
+		if p.Limit > quota.MaxSlidingLogLimit {
+			errs.add(path+".limit", "%d "+why, p.Limit, quota.MaxSlidingLogLimit)
+		}
+		if p.UsePlan {
+			for _, name := range sortedKeys(c.Plans) {
+				if n := c.Plans[name].Limit; n > quota.MaxSlidingLogLimit {
+					errs.add(path+".limit", "plans.%s.limit %d "+why, name, n, quota.MaxSlidingLogLimit)
+				}
+			}
+		}
+	}
+}

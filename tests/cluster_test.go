@@ -1,0 +1,178 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/extauthz/extauthz/internal/testredis"
+)
+
+func clusterConfig(c *testredis.Cluster, mode, timeout, body string) string {
+	return fmt.Sprintf("redis: {addrs: [%s], timeout: %s}\ndefault_mode: %s\nlocal: {slice_idle: 200ms}\n%s",
+		strings.Join(c.Addrs(), ", "), timeout, mode, body)
+}
+
+// The seed scenario against a three-master Redis Cluster, and keys spread
+// over every master.
+func TestClusterSeedScenarioAndSpread(t *testing.T) {
+	cluster := testredis.StartCluster(t, 3)
+	cc := cluster.Client(t)
+	ctx := context.Background()
+	for _, mode := range []string{"redis", "hybrid"} {
+		t.Run(mode, func(t *testing.T) {
+			must(t, cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return m.FlushAll(ctx).Err() }))
+			replicas := startReplicas(t, 3, clusterConfig(cluster, mode, "2s", seedPolicy+`
+  - {name: per-ip, match: {path_prefix: /ip}, key: [ip], limit: 10, window: 1m}
+`))
+			waitPeers(t, replicas, 3)
+			results, elapsed := timedDrive(t, replicas, 600, 32, adaOrder)
+			assertNoFallback(t, replicas)
+			assertAdmitted(t, tally(t, results)[200], 100, 100, time.Minute, elapsed, 1)
+
+			// 300 client IPs: their keys hash to slots on every master.
+			tally(t, drive(t, replicas, 300, 16, func(i int) *authv3.CheckRequest {
+				return envoyRequest{path: "/ip", sourceIP: fmt.Sprintf("10.9.%d.%d", i/250, i%250)}.build()
+			}))
+			perMaster := map[string]int64{}
+			for _, m := range cluster.Masters {
+				n, err := m.Client().DBSize(ctx).Result()
+				must(t, err)
+				perMaster[m.Addr] = n
+			}
+			t.Logf("keys per master: %v", perMaster)
+			if len(perMaster) != 3 {
+				t.Fatalf("saw %d masters", len(perMaster))
+			}
+			for addr, n := range perMaster {
+				if n == 0 {
+					t.Fatalf("master %s holds no keys: %v", addr, perMaster)
+				}
+			}
+			assertNoFallback(t, replicas)
+		})
+	}
+}
+
+// The hot key's slot moves to another master while every decision goes to
+// Redis: ASK and MOVED are followed, no Check fails, and the limit holds
+// exactly across the move.
+func TestClusterSlotMigrationUnderLoad(t *testing.T) {
+	cluster := testredis.StartCluster(t, 3)
+	cc := cluster.Client(t)
+	ctx := context.Background()
+	s := startSidecar(t, clusterConfig(cluster, "redis", "2s", seedPolicy))
+	key := "rl:{orders:client:ada}"
+	slot, err := cc.ClusterKeySlot(ctx, key).Result()
+	must(t, err)
+
+	bg := startBackground(s, 8, adaOrder)
+	waitCount(t, bg, 50) // the bucket now exists on its master
+	src, dst := slotOwner(t, cluster, slot), -1
+	for i := range cluster.Masters {
+		if i != src {
+			dst = i
+			break
+		}
+	}
+	migrateSlot(t, cluster, int(slot), src, dst)
+	waitCount(t, bg, len(bg.snapshot())+300) // decisions after the move
+	samples := bg.halt()
+
+	allowed := 0
+	for i, smp := range samples {
+		if smp.err != nil {
+			t.Fatalf("request %d: gRPC error %v", i, smp.err)
+		}
+		switch smp.status {
+		case 200:
+			allowed++
+		case 429:
+		default:
+			t.Fatalf("request %d: status %d", i, smp.status)
+		}
+	}
+	if got := slotOwner(t, cluster, slot); got != dst {
+		t.Fatalf("slot %d is on master %d, want %d", slot, got, dst)
+	}
+	elapsed := samples[len(samples)-1].start.Sub(samples[0].start) + time.Second
+	t.Logf("%d decisions across the migration of slot %d from master %d to %d", len(samples), slot, src, dst)
+	assertAdmitted(t, allowed, 100, 100, time.Minute, elapsed, 1)
+	if d := s.metric("extauthz_degraded_decisions_total"); d != 0 {
+		t.Fatalf("%v decisions fell back during the migration", d)
+	}
+}
+
+// slotOwner returns the index of the master serving slot.
+func slotOwner(t *testing.T, c *testredis.Cluster, slot int64) int {
+	t.Helper()
+	slots, err := c.Masters[0].Client().ClusterSlots(context.Background()).Result()
+	must(t, err)
+	for _, r := range slots {
+		if int64(r.Start) <= slot && slot <= int64(r.End) {
+			for i, m := range c.Masters {
+				if m.Addr == r.Nodes[0].Addr {
+					return i
+				}
+			}
+		}
+	}
+	t.Fatalf("no master serves slot %d", slot)
+	return -1
+}
+
+// migrateSlot moves one slot and its keys from master src to master dst,
+// the way redis-cli --cluster reshard does: IMPORTING/MIGRATING, MIGRATE
+// each key, then assign the slot everywhere.
+func migrateSlot(t *testing.T, c *testredis.Cluster, slot, src, dst int) {
+	t.Helper()
+	ctx := context.Background()
+	sc, dc := c.Masters[src].Client(), c.Masters[dst].Client()
+	srcID, err := sc.ClusterMyID(ctx).Result()
+	must(t, err)
+	dstID, err := dc.ClusterMyID(ctx).Result()
+	must(t, err)
+	must(t, dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
+	must(t, sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
+	host, port, _ := strings.Cut(c.Masters[dst].Addr, ":")
+	for {
+		keys, err := sc.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+		must(t, err)
+		if len(keys) == 0 {
+			break
+		}
+		for _, k := range keys {
+			must(t, sc.Migrate(ctx, host, port, k, 0, 5*time.Second).Err())
+		}
+	}
+	for _, m := range c.Masters {
+		must(t, m.Client().Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
+	}
+}
+
+// A master killed mid-run: no gRPC error, every decision by on_redis_error.
+func TestClusterMasterKilledMidRun(t *testing.T) {
+	cluster := testredis.StartCluster(t, 3)
+	s := startSidecar(t, clusterConfig(cluster, "hybrid", "50ms", `
+policies:
+  - {name: per-ip, key: [ip], limit: 1000000, window: 1s}
+`))
+	bg := startBackground(s, 16, func(i int) *authv3.CheckRequest {
+		return envoyRequest{sourceIP: fmt.Sprintf("10.2.%d.%d", i>>8&255, i&255)}.build()
+	})
+	waitCount(t, bg, 300)
+	healthyUntil := time.Now()
+	cluster.Masters[1].Kill()
+	waitMetric(t, s, 10*time.Second, 0, "extauthz_redis_up")
+	downAt := time.Now()
+	waitCount(t, bg, len(bg.snapshot())+500)
+	checkOutage(t, bg.halt(), healthyUntil, downAt, 200)
+	if s.metric("extauthz_degraded_decisions_total", "action", "fallback") == 0 {
+		t.Fatal("no fallback decisions counted")
+	}
+}
