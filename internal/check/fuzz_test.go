@@ -21,9 +21,10 @@ import (
 	"github.com/extauthz/extauthz/internal/quota"
 )
 
-// fuzzYAML exercises every identity source, matcher and outcome: keys and
-// plans, a composite header/ip key, claims and principals, a reject
-// policy, a tiny limit that denies (429), and a shadow policy.
+// fuzzYAML exercises every identity source, matcher, algorithm and
+// outcome: keys and plans, a composite header/ip key, claims and
+// principals, a reject policy, a tiny limit that denies (429), a shadow
+// policy, and each of the five algorithms (leaky_bucket holds requests).
 const fuzzYAML = `
 ip_trusted_hops: 1
 clients:
@@ -41,7 +42,14 @@ policies:
   - {name: strict, match: {path_prefix: /strict}, key: [client], limit: 2, window: 1m, on_missing_key: reject}
   - {name: routed, match: {context: {route: r1}}, key: [path], limit: 1, window: 1h}
   - {name: shadowed, key: [ip], limit: 1, window: 1h, shadow: true}
+  - {name: sw, match: {methods: [GET]}, key: [ip], limit: 3, window: 1m, algorithm: sliding_window}
+  - {name: fw, key: ["header:x-tenant"], limit: 3, window: 10s, algorithm: fixed_window}
+  - {name: sl, match: {path_prefix: /s}, key: [path], limit: 2, window: 1m, algorithm: sliding_log}
+  - {name: lb, match: {methods: [PUT]}, key: [ip], limit: 100, window: 1s, algorithm: leaky_bucket, max_delay: 50ms}
 `
+
+// maxHold is the longest a request may be held: the leaky bucket's max_delay.
+const maxHold = 50 * time.Millisecond
 
 // knownKeys are fuzzYAML's API keys.
 var knownKeys = map[string]bool{"key-ada": true, "key-bob": true}
@@ -62,6 +70,7 @@ type fuzzServer struct {
 	srv   *Server
 	cache *quota.Cache
 	lim   *countingLimiter
+	held  time.Duration // the last hold asked for; the fuzz loop is serial
 }
 
 func newFuzzServer(tb testing.TB) *fuzzServer {
@@ -75,8 +84,11 @@ func newFuzzServer(tb testing.TB) *fuzzServer {
 		tb.Fatal(err)
 	}
 	fs.lim = &countingLimiter{Limiter: quota.NewLocal(fs.cache)}
-	// A frozen clock: a failing input replays the same decisions.
-	fs.srv, err = New(cfg, Limiters{config.ModeLocal: fs.lim}, metrics.New("fuzz"), WithClock(func() time.Time { return t0 }))
+	// A frozen clock: a failing input replays the same decisions. Holds
+	// are recorded, not waited out.
+	fs.srv, err = New(cfg, Limiters{config.ModeLocal: fs.lim}, metrics.New("fuzz"),
+		WithClock(func() time.Time { return t0 }),
+		WithHold(func(_ context.Context, d time.Duration) error { fs.held = d; return nil }))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -119,12 +131,16 @@ func presentedKey(req *authv3.CheckRequest) string {
 // checkInvariants runs one Check and asserts what must hold for any
 // request: no gRPC error, a well-formed allow or deny, and no quota taken
 // (so no state created) for an unknown API key.
-func (fs *fuzzServer) checkInvariants(t *testing.T, req *authv3.CheckRequest) {
+func (fs *fuzzServer) checkInvariants(t *testing.T, req *authv3.CheckRequest) *authv3.CheckResponse {
 	t.Helper()
 	takes, entries := fs.lim.takes.Load(), fs.cache.Len()
+	fs.held = 0
 	resp, err := fs.srv.Check(context.Background(), req)
 	if err != nil {
 		t.Fatalf("Check returned a gRPC error: %v", err)
+	}
+	if fs.held < 0 || fs.held > maxHold {
+		t.Fatalf("request held for %v; the leaky bucket's max_delay is %v", fs.held, maxHold)
 	}
 	if resp == nil || resp.GetStatus() == nil {
 		t.Fatalf("Check returned %v: no status", resp)
@@ -151,6 +167,7 @@ func (fs *fuzzServer) checkInvariants(t *testing.T, req *authv3.CheckRequest) {
 			t.Fatalf("unknown API key %.40q reached the limiter (%d takes, %d→%d entries)", k, fs.lim.takes.Load()-takes, entries, fs.cache.Len())
 		}
 	}
+	return resp
 }
 
 func checkHeaders(t *testing.T, hs []*corev3.HeaderValueOption) {
@@ -265,6 +282,7 @@ func FuzzCheckRequest(f *testing.F) {
 	f.Add("POST", "/orders/1", "api.example.com", "key-ada", "", "1.2.3.4", "10.0.0.1", "t1", "alice", "spiffe://a", "", false)
 	f.Add("GET", "/strict", "", "", "Bearer key-bob", "", "", "", "", "", "", true)
 	f.Add("GET", "/", "x", "nope", "", "junk, 1.1.1.1", "::1", "", "", "", "r1", false)
+	f.Add("PUT", "/s/1", "", "key-bob", "", "", "10.0.0.2", "t2", "", "", "", false)
 	f.Add("get", "/r?x#y", "[::1]:80", " ", "bearer \tnope", ",,,", "fe80::1%eth0", strings.Repeat("t", 300), "", "", "r1", true)
 	f.Add("", "", "", "\xff\xfe", "Bearer \x00", "\x00", "", "\xc0", "\xff", "\xfe", "\xfd", false)
 	fs := newFuzzServer(f)
@@ -314,4 +332,28 @@ func allUTF8(ss ...string) bool {
 		}
 	}
 	return true
+}
+
+// The fuzz server can reach each outcome the invariants speak of, so that
+// a configuration change cannot leave the fuzzers checking only allows.
+func TestFuzzServerReachesEveryOutcome(t *testing.T) {
+	fs := newFuzzServer(t)
+	seen := map[int]bool{}
+	var held bool
+	leaky := NewRequest(RequestSpec{Method: "PUT", Path: "/p", Headers: map[string]string{"x-tenant": "lb"}})
+	for i := 0; i < 6; i++ {
+		// Two in a row: the second waits for its slot.
+		for _, req := range append([]*authv3.CheckRequest{leaky, leaky}, seedRequests()...) {
+			resp := fs.checkInvariants(t, req)
+			held = held || fs.held > 0
+			if allowed(resp) {
+				seen[200] = true
+			} else {
+				seen[httpStatus(resp)] = true
+			}
+		}
+	}
+	if !seen[200] || !seen[401] || !seen[429] || !held {
+		t.Fatalf("statuses seen %v, a leaky-bucket hold seen: %v; want 200, 401, 429 and a hold", seen, held)
+	}
 }
