@@ -212,20 +212,14 @@ func (s *sidecar) run() (int, error) {
 	if alis != nil {
 		adminAddr = alis.Addr().String()
 	}
-	redisAddrs := "none"
-	if cfg.Redis != nil {
-		redisAddrs = strings.Join(cfg.Redis.Addrs, ",")
-	}
-	s.log.Info("serving", "grpc", glis.Addr().String(), "admin", adminAddr,
-		"config", cfg.Source, "policies", len(cfg.Policies), "default_mode", string(cfg.DefaultMode),
-		"redis", redisAddrs, "client_keys", len(cfg.Clients.Keys), "max_keys", cfg.Local.MaxKeys, "version", buildVersion())
-
+	// Signals and the file watch are in place before "serving" is logged:
+	// whoever waits for that line may signal or edit at once.
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	reloads := make(chan struct{}, 1)
 	if cfg.Source != config.EmbeddedSource {
-		stop, err := watchConfig(cfg.Source, s.log, func() {
+		stop, err := watchConfig(cfg.Source, cfg.Digest, s.log, func() {
 			select {
 			case reloads <- struct{}{}:
 			default: // one is pending already
@@ -237,6 +231,14 @@ func (s *sidecar) run() (int, error) {
 			defer stop()
 		}
 	}
+	redisAddrs := "none"
+	if cfg.Redis != nil {
+		redisAddrs = strings.Join(cfg.Redis.Addrs, ",")
+	}
+	s.log.Info("serving", "grpc", glis.Addr().String(), "admin", adminAddr,
+		"config", cfg.Source, "policies", len(cfg.Policies), "default_mode", string(cfg.DefaultMode),
+		"redis", redisAddrs, "client_keys", len(cfg.Clients.Keys), "max_keys", cfg.Local.MaxKeys, "version", buildVersion())
+
 	for {
 		select {
 		case err := <-errc:

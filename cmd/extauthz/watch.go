@@ -11,15 +11,18 @@ import (
 	"github.com/fsnotify/fsnotify"
 )
 
-// watchConfig calls reload when the content of the file at path changes.
+// watchConfig calls reload when the content of the file at path differs
+// from parsed, the digest of the bytes the running configuration came from.
 //
 // It watches the file's directory, not the file: editors replace files by
 // rename, and a Kubernetes ConfigMap volume swaps a `..data` symlink to a
 // new directory, neither of which a watch on the old file sees. Any event
 // in the directory triggers a re-read (after a short settle time, as a swap
 // is several events); reload runs only when the bytes differ from the last
-// ones seen. The returned function stops the watcher.
-func watchConfig(path string, log *slog.Logger, reload func()) (stop func(), err error) {
+// ones seen. The file is also compared once as soon as the watch is in
+// place, so an edit made between loading and watching is not lost. The
+// returned function stops the watcher.
+func watchConfig(path string, parsed [32]byte, log *slog.Logger, reload func()) (stop func(), err error) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, err
@@ -29,11 +32,11 @@ func watchConfig(path string, log *slog.Logger, reload func()) (stop func(), err
 		w.Close()
 		return nil, err
 	}
-	last := fileSum(path)
+	last := parsed[:]
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		var settle <-chan time.Time
+		settle := time.After(0) // compare once now
 		for {
 			select {
 			case _, ok := <-w.Events:

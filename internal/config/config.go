@@ -56,7 +56,8 @@ const (
 
 // Config is a validated configuration with every default applied.
 type Config struct {
-	Source        string // the file it came from, or "embedded default"
+	Source        string   // the file it came from, or "embedded default"
+	Digest        [32]byte // SHA-256 of the bytes it was parsed from
 	Listen        Listen
 	Redis         *Redis // nil when no redis section is given: local only
 	DefaultMode   Mode

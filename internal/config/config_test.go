@@ -156,3 +156,32 @@ func TestRedisTLSShapes(t *testing.T) {
 		}
 	}
 }
+
+// Aliases that multiply (a list of aliases to a policy whose list is
+// itself aliased) are refused after a bounded amount of work, with a clear
+// message, instead of expanding to millions of values.
+func TestAliasExpansionIsBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("x: &m [")
+	for i := 0; i < 2000; i++ {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("GET")
+	}
+	b.WriteString("]\np: &p {name: a, limit: 1, window: 1s, match: {methods: *m}}\npolicies: [")
+	for i := 0; i < 2000; i++ {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("*p")
+	}
+	b.WriteString("]\n")
+	_, err := Parse([]byte(b.String()), "laughs.yaml")
+	if err == nil || !strings.Contains(err.Error(), "expands to more than") {
+		t.Fatalf("err = %.300v", err)
+	}
+	if n := strings.Count(err.Error(), "\n"); n > maxErrors+1 {
+		t.Fatalf("%d error lines; at most %d are kept", n, maxErrors+1)
+	}
+}

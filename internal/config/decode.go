@@ -19,7 +19,19 @@ func decodeStrict(n *yaml.Node, v any, errs *Errors) {
 	decodeValue(n, reflect.ValueOf(v).Elem(), "", errs)
 }
 
+// maxValues bounds the YAML values one file may decode to, aliases
+// expanded: a real configuration has thousands at most, while a few
+// kilobytes of nested aliases ("billion laughs") expand to billions.
+const maxValues = 200_000
+
 func decodeValue(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
+	errs.visited++
+	if errs.visited == maxValues+1 {
+		errs.add("", "the document expands to more than %d values (nested aliases?)", maxValues)
+	}
+	if errs.visited > maxValues {
+		return
+	}
 	for n.Kind == yaml.AliasNode {
 		n = n.Alias
 	}
@@ -126,7 +138,15 @@ func knownFields(fields map[string]int) string {
 	return strings.Join(names, ", ")
 }
 
+// join appends a mapping key to a path. A key that could be mistaken for
+// path syntax or forge a line of output (dots, brackets, quotes, control
+// characters) is quoted.
 func join(path, name string) string {
+	if name == "" || strings.ContainsFunc(name, func(r rune) bool {
+		return r < 0x20 || r == 0x7f || r == '.' || r == '[' || r == ']' || r == '"' || r == ' ' || !strconv.IsPrint(r)
+	}) {
+		name = strconv.Quote(name)
+	}
 	if path == "" {
 		return name
 	}

@@ -19,13 +19,24 @@ func (e FieldError) Error() string {
 	return e.Path + ": " + e.Msg
 }
 
-// Errors is every problem found in one configuration file.
+// Errors is every problem found in one configuration file, up to
+// maxErrors of them.
 type Errors struct {
-	File string // the file's name, or "" for an unnamed source
-	List []FieldError
+	File    string // the file's name, or "" for an unnamed source
+	List    []FieldError
+	dropped int // errors past maxErrors, counted but not kept
+	visited int // YAML values decoded, against maxValues
 }
 
+// maxErrors bounds the errors kept for one file: beyond it a list helps
+// nobody, and a hostile file could make it huge.
+const maxErrors = 50
+
 func (e *Errors) add(path, format string, args ...any) {
+	if len(e.List) >= maxErrors {
+		e.dropped++
+		return
+	}
 	e.List = append(e.List, FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
 }
 
@@ -40,6 +51,9 @@ func (e *Errors) Error() string {
 			b.WriteString(": ")
 		}
 		b.WriteString(fe.Error())
+	}
+	if e.dropped > 0 {
+		fmt.Fprintf(&b, "\n%s: and %d more errors", e.File, e.dropped)
 	}
 	return b.String()
 }

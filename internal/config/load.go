@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -177,6 +178,7 @@ func Parse(data []byte, name string) (*Config, error) {
 		return nil, err
 	}
 	c.Source = name
+	c.Digest = sha256.Sum256(data)
 	return c, nil
 }
 
