@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os/exec"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,52 +118,9 @@ func TestUnknownAPIKeysAre401AndLeaveNoState(t *testing.T) {
 	}
 }
 
-func TestDistinctIPsStayWithinCacheBound(t *testing.T) {
-	s := startFastSidecar(t, `
-local: {max_keys: 10000}
-policies:
-  - {name: per-ip, key: [ip], limit: 10, window: 1m}
-`)
-	const n = 100_000
-	// Sample the cache size from the side while the load runs.
-	var peak atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			if v := int64(s.metric("extauthz_cache_entries")); v > peak.Load() {
-				peak.Store(v)
-			}
-		}
-	}()
-	results := drive(t, []*sidecar{s}, n, 32, func(i int) *authv3.CheckRequest {
-		ip := fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)
-		return envoyRequest{sourceIP: ip}.build()
-	})
-	close(stop)
-	wg.Wait()
-	counts := tally(t, results)
-	if counts[200] != n {
-		t.Fatalf("statuses = %v: each IP's first request should be allowed", counts)
-	}
-	final := s.metric("extauthz_cache_entries")
-	if peak.Load() > 10_000 || final > 10_000 {
-		t.Fatalf("cache peaked at %d and ended at %v entries; the bound is 10000", peak.Load(), final)
-	}
-	if final < 9_000 {
-		t.Fatalf("cache ended at %v entries; expected it near its bound of 10000", final)
-	}
-	if ev := s.metric("extauthz_cache_evictions_total"); ev < n-10_000 {
-		t.Fatalf("evictions = %v, want at least %d", ev, n-10_000)
-	}
-}
+// The cache bound under a flood of distinct client IPs (issue 2's 100,000
+// against max_keys 10000) is tested at a million in hostile_test.go:
+// TestMillionDistinctIPsKeepCacheAtItsBound.
 
 func TestMalformedAndEmptyRequests(t *testing.T) {
 	s := startSidecar(t, `
