@@ -92,6 +92,7 @@ func runServe(e env, args []string) (int, error) {
 		log.Warn("config warning", "source", cfg.Source, "warning", w)
 	}
 
+	log.Debug("garbage collector", "gogc", check.TuneGC())
 	s, err := newSidecar(cfg, f, log)
 	if err != nil {
 		return 1, err

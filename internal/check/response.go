@@ -141,6 +141,15 @@ var (
 // logs: result, and client, policy and remaining when known. Client and
 // policy values are shared read-only across responses.
 func metadata(c *client, p *policy, result *structpb.Value, d *quota.Decision) *structpb.Struct {
+	f := metadataFields(c, p, result)
+	if d != nil {
+		f["remaining"] = structpb.NewNumberValue(float64(max(d.Remaining, 0)))
+	}
+	return &structpb.Struct{Fields: f}
+}
+
+// metadataFields is the metadata map without the remaining count.
+func metadataFields(c *client, p *policy, result *structpb.Value) map[string]*structpb.Value {
 	f := make(map[string]*structpb.Value, 4)
 	f["result"] = result
 	if c != nil {
@@ -149,8 +158,5 @@ func metadata(c *client, p *policy, result *structpb.Value, d *quota.Decision) *
 	if p != nil {
 		f["policy"] = p.nameVal
 	}
-	if d != nil {
-		f["remaining"] = structpb.NewNumberValue(float64(max(d.Remaining, 0)))
-	}
-	return &structpb.Struct{Fields: f}
+	return f
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/identity"
@@ -364,7 +365,11 @@ func (e *engine) overLimit(takes []taken, c *client) *authv3.CheckResponse {
 // allow builds the OK: RateLimit headers for the most constrained enforcing
 // policy, the client id for the upstream, the credential stripped.
 func (e *engine) allow(a *attrs, takes []taken, c *client, credHeader string) *authv3.CheckResponse {
-	ok := &authv3.OkHttpResponse{}
+	// Every part of the answer lives in one allocation: an allowed Check
+	// is the hot path, and a dozen small objects per call showed up as
+	// garbage-collection time under load.
+	r := &okParts{}
+	ok := &r.ok
 	var tightest *taken
 	for i := range takes {
 		t := &takes[i]
@@ -380,27 +385,57 @@ func (e *engine) allow(a *attrs, takes []taken, c *client, credHeader string) *a
 	var d *quota.Decision
 	if tightest != nil {
 		p, d = tightest.p, &tightest.d
-		ok.ResponseHeadersToAdd = []*corev3.HeaderValueOption{
-			tightest.lim.policyOpt,
-			header("ratelimit", rateLimitHeader(tightest.p.Name, tightest.d.Remaining, tightest.d.ResetAfter)),
-		}
+		r.rlValue = corev3.HeaderValue{Key: "ratelimit", Value: rateLimitHeader(p.Name, d.Remaining, d.ResetAfter)}
+		r.rl = corev3.HeaderValueOption{Header: &r.rlValue, AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
+		ok.ResponseHeadersToAdd = append(r.addBuf[:0], tightest.lim.policyOpt, &r.rl)
 		if e.cfg.Headers.Legacy {
-			ok.ResponseHeadersToAdd = append(ok.ResponseHeadersToAdd, legacyHeaders(tightest.d.Limit, tightest.d.Remaining, tightest.d.ResetAfter)...)
+			ok.ResponseHeadersToAdd = append(ok.ResponseHeadersToAdd, legacyHeaders(d.Limit, d.Remaining, d.ResetAfter)...)
 		}
 	}
 	if c != nil {
-		ok.Headers = []*corev3.HeaderValueOption{c.idHeader}
+		ok.Headers = append(r.setBuf[:0], c.idHeader)
 	} else if _, forged := a.headers[ClientIDHeader]; forged {
-		ok.HeadersToRemove = append(ok.HeadersToRemove, ClientIDHeader)
+		ok.HeadersToRemove = append(r.rmBuf[:0], ClientIDHeader)
 	}
 	if credHeader != "" && e.cfg.Clients.Strip {
+		if ok.HeadersToRemove == nil {
+			ok.HeadersToRemove = r.rmBuf[:0]
+		}
 		ok.HeadersToRemove = append(ok.HeadersToRemove, credHeader)
 	}
-	return &authv3.CheckResponse{
-		Status:          statusOK,
-		HttpResponse:    &authv3.CheckResponse_OkResponse{OkResponse: ok},
-		DynamicMetadata: metadata(c, p, resultOK, d),
+	r.http.OkResponse = ok
+	r.resp.Status = statusOK
+	r.resp.HttpResponse = &r.http
+	r.resp.DynamicMetadata = r.metadata(c, p, resultOK, d)
+	return &r.resp
+}
+
+// okParts holds every message of an allowed CheckResponse, so building one
+// costs one allocation (and the metadata map). The messages are never
+// copied: only pointers into this struct escape.
+type okParts struct {
+	resp    authv3.CheckResponse
+	http    authv3.CheckResponse_OkResponse
+	ok      authv3.OkHttpResponse
+	addBuf  [2]*corev3.HeaderValueOption
+	setBuf  [1]*corev3.HeaderValueOption
+	rmBuf   [2]string
+	rl      corev3.HeaderValueOption
+	rlValue corev3.HeaderValue
+	md      structpb.Struct
+	rem     structpb.Value
+	remNum  structpb.Value_NumberValue
+}
+
+// metadata fills the dynamic metadata inside r; see metadata.
+func (r *okParts) metadata(c *client, p *policy, result *structpb.Value, d *quota.Decision) *structpb.Struct {
+	r.md.Fields = metadataFields(c, p, result)
+	if d != nil {
+		r.remNum.NumberValue = float64(max(d.Remaining, 0))
+		r.rem.Kind = &r.remNum
+		r.md.Fields["remaining"] = &r.rem
 	}
+	return &r.md
 }
 
 func legacyHeaders(limit, remaining int64, reset time.Duration) []*corev3.HeaderValueOption {

@@ -40,6 +40,7 @@ func serveNoop() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	check.TuneGC() // the sidecar's runtime settings, as its transport's
 	s := grpc.NewServer(check.ServerOptions()...)
 	authv3.RegisterAuthorizationServer(s, noop{})
 	slog.New(slog.NewJSONHandler(os.Stderr, nil)).Info("serving", "grpc", lis.Addr().String(), "admin", "")

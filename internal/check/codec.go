@@ -1,0 +1,55 @@
+package check
+
+import (
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+
+	// Registers the "proto" codec this one falls back to.
+	_ "google.golang.org/grpc/encoding/proto"
+)
+
+// vtMarshaler is the fast marshalling code go-control-plane generates
+// (vtprotobuf) beside its messages: no reflection, and the Struct of the
+// dynamic metadata encoded by generated code rather than the generic map
+// encoder, which profiles showed at ~7% of a Check's CPU.
+type vtMarshaler interface {
+	SizeVT() int
+	MarshalToSizedBufferVTStrict(dAtA []byte) (int, error)
+}
+
+// codec is gRPC's proto codec, except that messages with generated
+// marshallers use them. Requests are decoded by the standard codec: the
+// generated code for Envoy's request types marshals only.
+type codec struct {
+	std encoding.CodecV2
+}
+
+func newCodec() codec { return codec{std: encoding.GetCodecV2("proto")} }
+
+func (codec) Name() string { return "proto" }
+
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	m, ok := v.(vtMarshaler)
+	if !ok {
+		return c.std.Marshal(v)
+	}
+	size := m.SizeVT()
+	if mem.IsBelowBufferPoolingThreshold(size) {
+		buf := make([]byte, size)
+		if _, err := m.MarshalToSizedBufferVTStrict(buf); err != nil {
+			return nil, err
+		}
+		return mem.BufferSlice{mem.SliceBuffer(buf)}, nil
+	}
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(size)
+	if _, err := m.MarshalToSizedBufferVTStrict((*buf)[:size]); err != nil {
+		pool.Put(buf)
+		return nil, err
+	}
+	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+}
+
+func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	return c.std.Unmarshal(data, v)
+}
