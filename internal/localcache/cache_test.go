@@ -117,7 +117,7 @@ func BenchmarkShards(b *testing.B) {
 	for i := range keys {
 		keys[i] = "orders:client:" + strconv.Itoa(i)
 	}
-	for _, shards := range []int{1, 8, 64} {
+	for _, shards := range []int{1, 2, 8, 64} {
 		b.Run(fmt.Sprintf("shards=%d", shards), func(b *testing.B) {
 			c, _ := NewSharded[*int](100_000, shards, nil)
 			b.ReportAllocs()
