@@ -29,7 +29,7 @@ ARG VERSION=dev
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/extauthz ./cmd/extauthz
+    go build -trimpath -tags vtprotobuf -ldflags "-s -w -X main.version=${VERSION}" -o /out/extauthz ./cmd/extauthz
 
 # distroless/static: CA certificates (for redis.tls) and tzdata, no shell,
 # no package manager. The :nonroot tag runs as 65532:65532.

@@ -6,6 +6,12 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 .PHONY: all build run test lint fuzz redis-server bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down demo
 IMAGE   ?= extauthz:dev
 
+# go-control-plane ships generated marshallers (vtprotobuf) behind this
+# build tag; with it the server encodes CheckResponses without reflection
+# (see internal/check/codec.go). Builds without it, such as a plain
+# `go run ./cmd/extauthz`, are correct and somewhat slower.
+export GOFLAGS += -tags=vtprotobuf
+
 all: build
 
 build:
