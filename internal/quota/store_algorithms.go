@@ -28,8 +28,6 @@ var (
 	logRefundSrc string
 	//go:embed scripts/leaky_bucket.lua
 	leakyBucketSrc string
-	//go:embed scripts/leaky_refund.lua
-	leakyRefundSrc string
 
 	fixedWindowScript   = newScript(fixedWindowSrc)
 	slidingWindowScript = newScript(slidingWindowSrc)
@@ -37,7 +35,6 @@ var (
 	slidingLogScript    = newScript(slidingLogSrc)
 	logRefundScript     = newScript(logRefundSrc)
 	leakyBucketScript   = newScript(leakyBucketSrc)
-	leakyRefundScript   = newScript(leakyRefundSrc)
 )
 
 // keySuffix keeps each algorithm's state in a key of its own, after the
@@ -127,7 +124,7 @@ func (s *Store) refund(ctx context.Context, partition string, l Limit) error {
 	case SlidingLog:
 		_, err = s.run(ctx, "refund", logRefundScript, key)
 	case LeakyBucket:
-		_, err = s.run(ctx, "refund", leakyRefundScript, key, now)
+		_, err = s.run(ctx, "refund", bucketReturn, key, 1, now)
 	default:
 		return fmt.Errorf("quota: no redis script for algorithm %s", l.Algorithm)
 	}

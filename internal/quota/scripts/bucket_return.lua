@@ -1,6 +1,7 @@
 -- Give unspent tokens back to a token bucket: a hybrid slice that idled out
 -- or was evicted, a replica shutting down, or a unit refunded because
--- another policy denied the request.
+-- another policy denied the request. A leaky bucket (leaky_bucket.lua)
+-- keeps the same {used, ts, iv} layout and gives slots back here too.
 --
 -- KEYS[1]  the bucket (see bucket_lease.lua)
 -- ARGV[1]  tokens returned
@@ -10,6 +11,10 @@
 -- been deleted). used never goes below zero: a returned token cannot raise
 -- the bucket above its capacity.
 local n = tonumber(ARGV[1])
+-- Keys expire on Redis' own clock. With injected test time that is not
+-- the clock deciding: keep such keys a minute at least.
+local keep = 0
+if tonumber(ARGV[2]) then keep = 60000 end
 local now = now_us(ARGV[2])
 local st = redis.call('HMGET', KEYS[1], 'used', 'ts', 'iv')
 local used = tonumber(st[1])
@@ -26,5 +31,5 @@ if used <= 0 then
   return 0
 end
 redis.call('HSET', KEYS[1], 'used', string.format('%.17g', used), 'ts', string.format('%d', ts))
-redis.call('PEXPIRE', KEYS[1], math.ceil(used * iv / 1000) + 1)
+redis.call('PEXPIRE', KEYS[1], math.max(math.ceil(used * iv / 1000) + 1, keep))
 return 1

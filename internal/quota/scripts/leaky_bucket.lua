@@ -5,7 +5,7 @@
 -- KEYS[1]  the bucket, a hash laid out as bucket_lease.lua's: used =
 --          slots taken and not yet drained (a fraction while it drains),
 --          ts = when used was computed (µs), iv = µs per slot at that
---          time. leaky_refund.lua gives a slot back.
+--          time. bucket_return.lua gives a slot back.
 -- ARGV[1]  µs per slot (window / limit; may be fractional)
 -- ARGV[2]  tolerance in µs: the longest an admitted request may wait,
 --          min(max_delay, queue × interval)
