@@ -271,6 +271,13 @@ func TestRedisRestartedSeedHoldsAgain(t *testing.T) {
 	// the outage, it must be back within a couple of seconds.
 	waitHeartbeats(t, srv.Client(), 3, 5*time.Second)
 	for _, r := range replicas {
+		// Each found its entry gone and kept the last count rather than
+		// the 1 or 2 of a set still being rebuilt.
+		if n := r.metric("extauthz_peers"); n != 3 {
+			t.Errorf("replica %s counts %v peers after the restart, want the last count 3", r.GRPC, n)
+		}
+	}
+	for _, r := range replicas {
 		waitMetric(t, r, 5*time.Second, 1, "extauthz_redis_up")
 	}
 	degraded := make([]float64, len(replicas))

@@ -31,7 +31,11 @@ func ReplicaID(base string) string {
 // Peers counts the replicas that share Redis: each heartbeats its id into a
 // sorted set and reads how many were heard within the ttl. The count
 // survives an outage: while Redis is unreachable, Count keeps the last
-// observation rather than assuming this replica is alone.
+// observation rather than assuming this replica is alone. It also survives
+// Redis losing the set (a restart without persistence, a failover, a
+// flush): the others re-register one by one over a heartbeat interval, so
+// for one ttl Count keeps the last count if the rebuilt set is smaller.
+// Replicas heard before the loss were heard within the ttl, after all.
 type Peers struct {
 	store *Store
 	id    string
@@ -42,6 +46,13 @@ type Peers struct {
 
 	count atomic.Int64
 	seen  atomic.Bool // a count was observed at least once
+	now   func() time.Time
+
+	// While the set is being rebuilt, until holdUntil, the count does not
+	// fall below held.
+	mu        sync.Mutex
+	held      int64
+	holdUntil time.Time
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -53,6 +64,10 @@ type Peers struct {
 func NewPeers(store *Store, id string, ttl time.Duration, minPeers int, m *metrics.Metrics, log *slog.Logger) *Peers {
 	p := &Peers{store: store, id: id, ttl: ttl, every: min(time.Second, ttl/3), m: m, log: log, stop: make(chan struct{})}
 	p.every = max(p.every, 10*time.Millisecond)
+	p.now = time.Now
+	if store.opts.Clock != nil {
+		p.now = store.opts.Clock
+	}
 	p.count.Store(int64(max(minPeers, 1)))
 	m.Peers.Set(float64(p.count.Load()))
 	p.Beat(context.Background())
@@ -69,9 +84,22 @@ func (p *Peers) Count() int64 { return p.count.Load() }
 
 // Beat sends one heartbeat and updates the count.
 func (p *Peers) Beat(ctx context.Context) {
-	n, err := p.store.heartbeat(ctx, p.id, p.ttl)
+	n, missing, err := p.store.heartbeat(ctx, p.id, p.ttl)
 	if err != nil || n < 1 {
 		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	if missing && p.seen.Load() {
+		// This replica had registered, yet its entry was gone: the set
+		// is being rebuilt. Hold the last count for one ttl.
+		p.held, p.holdUntil = p.count.Load(), now.Add(p.ttl)
+		p.log.Info("redis lost the heartbeat set; keeping the last replica count while peers re-register",
+			"peers", p.held, "for", p.ttl.String(), "replica", p.id)
+	}
+	if now.Before(p.holdUntil) {
+		n = max(n, p.held)
 	}
 	if old := p.count.Swap(n); old != n || !p.seen.Load() {
 		p.log.Info("replicas observed through redis", "peers", n, "replica", p.id)

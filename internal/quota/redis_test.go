@@ -146,6 +146,54 @@ func TestScriptFlush(t *testing.T) {
 	}
 }
 
+// Redis losing the heartbeat set (a restart without persistence) does not
+// make the replicas believe they are fewer while they re-register one by
+// one: for one ttl each keeps its last count, then counts afresh.
+func TestPeersSurviveALostSet(t *testing.T) {
+	clk := newClock()
+	store, rdb, m := newTestStore(t, clk)
+	const ttl = 15 * time.Second
+	var ps []*Peers
+	for _, id := range []string{"a", "b", "c"} {
+		p := NewPeers(store, id, ttl, 1, m, quiet)
+		defer p.Close(context.Background())
+		ps = append(ps, p)
+	}
+	ctx := context.Background()
+	for _, p := range ps {
+		p.Beat(ctx)
+	}
+	for _, p := range ps {
+		if p.Count() != 3 {
+			t.Fatalf("%s before the loss: %d", p.ID(), p.Count())
+		}
+	}
+	rdb.FlushAll(ctx)
+	clk.Advance(time.Second)
+	ps[0].Beat(ctx) // the first to re-register finds itself alone
+	if ps[0].Count() != 3 {
+		t.Fatalf("a re-registering alone: %d, want the last count 3", ps[0].Count())
+	}
+	ps[1].Beat(ctx)
+	if ps[1].Count() != 3 {
+		t.Fatalf("b re-registering second: %d, want 3", ps[1].Count())
+	}
+	// c really left while Redis was gone: once the ttl has passed, the
+	// others count what the rebuilt set holds.
+	ps[2].Close(ctx)
+	clk.Advance(ttl)
+	ps[0].Beat(ctx)
+	if ps[0].Count() != 2 {
+		t.Fatalf("a after the ttl: %d, want 2", ps[0].Count())
+	}
+	// A fresh replica's first heartbeat is no loss: it counts at once.
+	d := NewPeers(store, "d", ttl, 1, m, quiet)
+	defer d.Close(ctx)
+	if d.Count() != 3 {
+		t.Fatalf("a new replica: %d, want 3", d.Count())
+	}
+}
+
 func TestPeers(t *testing.T) {
 	clk := newClock()
 	store, _, m := newTestStore(t, clk)
@@ -168,7 +216,12 @@ func TestPeers(t *testing.T) {
 	// b falls silent: after the ttl it no longer counts.
 	b.Close(context.Background())
 	store.heartbeat(context.Background(), "b", 15*time.Second) // b's last beat, now
-	clk.Advance(16 * time.Second)
+	clk.Advance(10 * time.Second)
+	a.Beat(context.Background())
+	if a.Count() != 2 {
+		t.Fatalf("within b's ttl: %d", a.Count())
+	}
+	clk.Advance(6 * time.Second)
 	a.Beat(context.Background())
 	if a.Count() != 1 {
 		t.Fatalf("after b's ttl: %d", a.Count())

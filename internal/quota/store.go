@@ -270,14 +270,19 @@ func (s *Store) giveBack(ctx context.Context, partition string, n int64) error {
 }
 
 // heartbeat records replica id and returns the number of replicas heard
-// within ttl.
-func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration) (int64, error) {
+// within ttl, and whether id's entry was missing from the set.
+func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration) (n int64, added bool, err error) {
 	v, err := s.run(ctx, "peers", peersScript, []string{s.peersKey()}, id, ttl.Milliseconds(), s.nowArg(time.Microsecond))
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	n, _ := v.(int64)
-	return n, nil
+	r, _ := v.([]any)
+	if len(r) != 2 {
+		return 0, false, fmt.Errorf("quota: peers script returned %v", v)
+	}
+	n, _ = r[0].(int64)
+	a, _ := r[1].(int64)
+	return n, a == 1, nil
 }
 
 // leave removes replica id from the heartbeat set at shutdown, so peers
