@@ -1,0 +1,144 @@
+package loadgen
+
+import (
+	"errors"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	// Registers the "proto" codec that marshals requests.
+	_ "google.golang.org/grpc/encoding/proto"
+)
+
+// statusCodec is the generator's gRPC codec. Requests are marshalled by
+// gRPC's proto codec; a CheckResponse is decoded only as far as HTTPStatus
+// reads it: the gRPC status code and the denied response's HTTP status.
+//
+// Why: the generator shares the CPUs with the server it measures, and
+// decoding every header and the dynamic-metadata Struct of extauthz's
+// responses by protobuf reflection cost it 9 µs more per call than the
+// no-op's empty OK (45 against 36 µs of generator CPU per call, where the
+// servers differ by 5 µs). The benchmark then measured the generator's
+// decoding, not the sidecar. Envoy reads the whole response, in C++, at a
+// fraction of that cost. The response bytes still cross the connection
+// and HTTP/2 framing in full.
+type statusCodec struct {
+	std encoding.CodecV2
+}
+
+func newStatusCodec() statusCodec { return statusCodec{std: encoding.GetCodecV2("proto")} }
+
+func (statusCodec) Name() string { return "proto" }
+
+func (c statusCodec) Marshal(v any) (mem.BufferSlice, error) { return c.std.Marshal(v) }
+
+func (c statusCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	resp, ok := v.(*authv3.CheckResponse)
+	if !ok {
+		return c.std.Unmarshal(data, v)
+	}
+	var b []byte
+	if len(data) == 1 {
+		b = data[0].ReadOnlyData()
+	} else {
+		b = data.Materialize()
+	}
+	return decodeStatus(b, resp)
+}
+
+// Field numbers of the parts HTTPStatus reads.
+const (
+	checkResponseStatus = 1 // CheckResponse.status: google.rpc.Status
+	checkResponseDenied = 2 // CheckResponse.denied_response: DeniedHttpResponse
+	statusCode          = 1 // google.rpc.Status.code, DeniedHttpResponse.status, HttpStatus.code
+)
+
+// decodeStatus fills resp's gRPC status code and denied HTTP status from
+// the wire bytes of a CheckResponse, skipping everything else.
+func decodeStatus(b []byte, resp *authv3.CheckResponse) error {
+	if st, ok, err := bytesField(b, checkResponseStatus); err != nil {
+		return err
+	} else if ok {
+		code, _, err := varintField(st, statusCode)
+		if err != nil {
+			return err
+		}
+		resp.Status = &status.Status{Code: int32(code)}
+	}
+	denied, ok, err := bytesField(b, checkResponseDenied)
+	if err != nil || !ok {
+		return err
+	}
+	d := &authv3.DeniedHttpResponse{}
+	hs, ok, err := bytesField(denied, statusCode)
+	if err != nil {
+		return err
+	}
+	if ok {
+		code, _, err := varintField(hs, statusCode)
+		if err != nil {
+			return err
+		}
+		d.Status = &typev3.HttpStatus{Code: typev3.StatusCode(code)}
+	}
+	resp.HttpResponse = &authv3.CheckResponse_DeniedResponse{DeniedResponse: d}
+	return nil
+}
+
+var errWireType = errors.New("loadgen: unexpected wire type in CheckResponse")
+
+// bytesField returns the last length-delimited field num of message b.
+func bytesField(b []byte, num protowire.Number) (v []byte, found bool, err error) {
+	err = eachField(b, func(n protowire.Number, typ protowire.Type, val []byte) error {
+		if n != num {
+			return nil
+		}
+		if typ != protowire.BytesType {
+			return errWireType
+		}
+		v, _ = protowire.ConsumeBytes(val)
+		found = true
+		return nil
+	})
+	return v, found, err
+}
+
+// varintField returns the last varint field num of message b.
+func varintField(b []byte, num protowire.Number) (v uint64, found bool, err error) {
+	err = eachField(b, func(n protowire.Number, typ protowire.Type, val []byte) error {
+		if n != num {
+			return nil
+		}
+		if typ != protowire.VarintType {
+			return errWireType
+		}
+		v, _ = protowire.ConsumeVarint(val)
+		found = true
+		return nil
+	})
+	return v, found, err
+}
+
+// eachField calls fn with every field of message b and its encoded value.
+func eachField(b []byte, fn func(protowire.Number, protowire.Type, []byte) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return protowire.ParseError(m)
+		}
+		if err := fn(num, typ, b[:m]); err != nil {
+			return err
+		}
+		b = b[m:]
+	}
+	return nil
+}
