@@ -43,9 +43,13 @@ func (r *Resilient) Take(ctx context.Context, key string, l Limit, now time.Time
 		return Decision{Limit: l.Limit, RetryAfter: time.Second, Degraded: DegradedDeny}, nil
 	}
 	fl := r.fallbackLimit(l)
+	ns := now.UnixNano()
 	sh := r.cache.Lock(key)
 	e := entryLocked(sh, key)
-	d, err = e.takeLocked(fl, now.UnixNano())
+	if l.Algorithm == TokenBucket && e.remoteAt != 0 {
+		e.capToShareLocked(l, fl, ns, max(r.peers.Count(), 1))
+	}
+	d, err = e.takeLocked(fl, ns)
 	sh.Unlock()
 	if err != nil {
 		return Decision{}, err
@@ -74,6 +78,25 @@ func (r *Resilient) fallbackLimit(l Limit) Limit {
 		fl.Queue = max(l.Queue/peers, 1)
 	}
 	return fl
+}
+
+// capToShareLocked keeps a hybrid key's fallback bucket at no more than
+// this replica's share of what Redis last said the shared bucket held
+// (refilled since at the policy's rate), so a replica that falls back near
+// the limit does not start from a full limit ÷ peers. The share refills at
+// limit ÷ peers, as the fallback bucket does, so the cap stops mattering
+// once the bucket's own spending is the lower bound.
+func (e *Entry) capToShareLocked(l, fl Limit, ns, peers int64) {
+	if e.alg != fl.Algorithm {
+		e.resetLocked(fl.Algorithm)
+	}
+	iv := fl.Interval()
+	if e.iv != iv {
+		e.tat, e.iv = tokenBucketRescale(e.tat, ns, e.iv, iv), iv
+	}
+	remote := min(e.remote+max(ns-e.remoteAt, 0)/l.Interval(), l.Capacity())
+	share := min(remote/peers, fl.Capacity())
+	e.tat = max(e.tat, ns+(fl.Capacity()-share)*iv)
 }
 
 // Refund implements Limiter: to Redis when it answers, else to the local

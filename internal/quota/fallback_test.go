@@ -106,3 +106,72 @@ func TestResilient(t *testing.T) {
 		t.Fatalf("cancelled: %v", err)
 	}
 }
+
+// A hybrid replica that loses Redis near the limit falls back from its
+// share of what Redis last said the bucket held, not from a full limit ÷
+// peers, so the admissions before and after the loss stay within the
+// limit. Once the window has refilled, the fallback bucket is full again.
+func TestHybridFallbackStartsFromItsShare(t *testing.T) {
+	srv := testredis.Start(t)
+	clk := newClock()
+	m := metrics.New("test")
+	store := NewStore(srv.Client(), StoreOptions{Prefix: "rl:", Timeout: time.Second, Metrics: m, Log: quiet, Clock: clk.Now})
+	defer store.Close()
+	cache, err := NewCache(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const peers = 3
+	h := NewHybrid(cache, store, fixedPeers(peers), HybridOptions{SliceIdle: time.Hour, Metrics: m, Log: quiet, Now: clk.Now})
+	r := NewResilient(h, cache, fixedPeers(peers))
+	l := Limit{Limit: 90, Window: time.Minute, OnError: ErrorFallback}
+	ctx := context.Background()
+
+	// take admits at the current instant until the first denial and
+	// returns how many were admitted from Redis and how many by fallback.
+	take := func() (fromRedis, fallback int) {
+		for i := 0; i < 200; i++ {
+			d, err := r.Take(ctx, "k", l, clk.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Allowed {
+				return fromRedis, fallback
+			}
+			if d.Degraded == DegradedFallback {
+				fallback++
+			} else {
+				fromRedis++
+			}
+		}
+		t.Fatal("never denied")
+		return
+	}
+	for i := 0; i < 60; i++ {
+		if d, err := r.Take(ctx, "k", l, clk.Now()); err != nil || !d.Allowed || d.Degraded != 0 {
+			t.Fatalf("decision %d with Redis up: %+v %v", i, d, err)
+		}
+	}
+	sh := cache.Lock("k")
+	e, _ := sh.Peek("k")
+	remote, slice := e.remote, e.tokens
+	sh.Unlock()
+	if remote+slice != 30 {
+		t.Fatalf("Redis holds %d and the slice %d after 60 of 90; want 30 together", remote, slice)
+	}
+
+	srv.Kill()
+	fromSlice, fallback := take()
+	if fromSlice != int(slice) || fallback != int(remote/peers) {
+		t.Fatalf("after Redis died: %d from the slice and %d by fallback, want %d and %d (a third of the %d Redis held)",
+			fromSlice, fallback, slice, remote/peers, remote)
+	}
+	if total := 60 + fromSlice + fallback; total > 90 {
+		t.Fatalf("%d admitted in all, over the limit of 90", total)
+	}
+
+	clk.Advance(time.Minute)
+	if _, fallback := take(); fallback != 90/peers {
+		t.Fatalf("a window later the fallback admits %d, want the full share %d", fallback, 90/peers)
+	}
+}
