@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -343,5 +344,16 @@ policies:
 	}
 	if got := s.metric("extauthz_degraded_decisions_total", "policy", "open", "action", "allow"); got != 20 {
 		t.Fatalf("allow decisions = %v", got)
+	}
+	// The outage is in the structured log (marked down), and nothing
+	// else the process wrote is unstructured: go-redis's own per-call
+	// complaints go through slog, at debug level.
+	for _, line := range strings.Split(strings.TrimSpace(s.logs.String()), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("log line is not JSON: %s", line)
+		}
+	}
+	if !strings.Contains(s.logs.String(), "redis marked down") {
+		t.Errorf("no store transition in the log:\n%s", s.logs)
 	}
 }

@@ -19,6 +19,17 @@ import (
 // through the downward API); the hostname is used without it.
 const ReplicaIDEnv = "EXTAUTHZ_REPLICA_ID"
 
+// redisLog carries go-redis's own messages (a failed dial, a pool
+// problem) into the structured log at debug level instead of unstructured
+// lines on stderr. During an outage go-redis writes one per failed call;
+// the store already logs the transitions that matter (marked down, back
+// up) and counts every failure in extauthz_redis_calls_total.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "go-redis", "detail", fmt.Sprintf(format, v...))
+}
+
 // redisParts is everything that talks to Redis, in shutdown order.
 type redisParts struct {
 	client     redis.UniversalClient
@@ -62,6 +73,7 @@ func connectRedis(cfg *config.Config, cache *quota.Cache, m *metrics.Metrics, lo
 		}
 		opts.TLSConfig = tc
 	}
+	redis.SetLogger(redisLog{log.With("component", "go-redis")})
 	client := redis.NewUniversalClient(opts)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
