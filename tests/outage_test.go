@@ -217,6 +217,46 @@ policies:
 	}
 }
 
+// Three replicas that spent most of the limit through Redis, then lost it:
+// each falls back from its share of what Redis last said remained, not
+// from a fresh third of the limit, so the outage does not hand out the
+// limit again on top of what was spent.
+func TestFallbackNearTheLimitStaysNearIt(t *testing.T) {
+	srv := testredis.Start(t)
+	replicas := startReplicas(t, 3, redisConfig(srv.Addr, "hybrid", `
+clients:
+  keys: [{id: ada, key: key-ada}]
+policies:
+  - {name: orders, match: {path_prefix: /orders}, key: [client], limit: 90, window: 1m}
+`))
+	waitPeers(t, replicas, 3)
+	start := time.Now()
+	before := tally(t, drive(t, replicas, 60, 6, adaOrder))
+	if before[200] != 60 {
+		t.Fatalf("with Redis up: %v, want 60 allowed", before)
+	}
+	srv.Kill()
+	during := tally(t, drive(t, replicas, 600, 32, adaOrder))
+	elapsed := time.Since(start)
+	total := before[200] + during[200]
+	t.Logf("60 admitted with Redis up, %d after it died: %v in %v", during[200], total, elapsed.Round(time.Millisecond))
+	if during[200] == 0 {
+		t.Fatal("nothing admitted during the outage: the fallback should still hand out the replicas' shares")
+	}
+	// Bound: the limit, what refills at the limit's rate during the run,
+	// and the replicas' stale views. Each replica knows what Redis held
+	// at its own last lease; the two others may have leased after that,
+	// at most a slice each (a quarter of the bucket over three replicas:
+	// 7 tokens), so each view overstates what remained by at most 14 and
+	// each replica's share (a third) by at most 14/3: 14 in all. Without
+	// starting from the share, every replica fell back to a full third of
+	// the limit: 156 of 600 admitted.
+	refill := int(elapsed/(time.Minute/90)) + 1
+	if bound := 90 + refill + 14; total > bound {
+		t.Fatalf("%d admitted in all; want at most %d (the limit 90, %d refilled, 14 for the replicas' stale views)", total, bound, refill)
+	}
+}
+
 // Redis frozen with SIGSTOP (a hang, not a refusal): the same guarantees
 // as killed; after SIGCONT the policy returns to hybrid by itself.
 func TestRedisFrozenAndThawed(t *testing.T) {
