@@ -17,6 +17,10 @@ type Resilient struct {
 	primary Limiter
 	cache   *Cache
 	peers   PeerCounter
+	// record: keep each token-bucket decision's remaining count in the
+	// key's entry, so a fallback starts from this replica's share of it.
+	// Hybrid keeps that view itself, at every lease.
+	record bool
 }
 
 var _ Limiter = (*Resilient)(nil)
@@ -24,13 +28,22 @@ var _ Limiter = (*Resilient)(nil)
 // NewResilient returns primary with the fallback behaviour above. The
 // fallback buckets live in cache, in the same entries as hybrid slices.
 func NewResilient(primary Limiter, cache *Cache, peers PeerCounter) *Resilient {
-	return &Resilient{primary: primary, cache: cache, peers: peers}
+	_, hybrid := primary.(*Hybrid)
+	return &Resilient{primary: primary, cache: cache, peers: peers, record: !hybrid}
 }
 
 // Take implements Limiter. It returns an error only when ctx is done.
 func (r *Resilient) Take(ctx context.Context, key string, l Limit, now time.Time) (Decision, error) {
 	d, err := r.primary.Take(ctx, key, l, now)
 	if err == nil {
+		if r.record && l.Algorithm == TokenBucket && l.OnError == ErrorFallback {
+			// One cache operation beside a Redis round trip: the view of
+			// the shared bucket a fallback will start from.
+			sh := r.cache.Lock(key)
+			e := entryLocked(sh, key)
+			e.remote, e.remoteAt = d.Remaining, now.UnixNano()
+			sh.Unlock()
+		}
 		return d, nil
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ErrStoreDown) {
@@ -80,8 +93,8 @@ func (r *Resilient) fallbackLimit(l Limit) Limit {
 	return fl
 }
 
-// capToShareLocked keeps a hybrid key's fallback bucket at no more than
-// this replica's share of what Redis last said the shared bucket held
+// capToShareLocked keeps a key's fallback bucket at no more than this
+// replica's share of what Redis last said the shared bucket held
 // (refilled since at the policy's rate), so a replica that falls back near
 // the limit does not start from a full limit ÷ peers. The share refills at
 // limit ÷ peers, as the fallback bucket does, so the cap stops mattering

@@ -107,11 +107,17 @@ func TestResilient(t *testing.T) {
 	}
 }
 
-// A hybrid replica that loses Redis near the limit falls back from its
-// share of what Redis last said the bucket held, not from a full limit ÷
-// peers, so the admissions before and after the loss stay within the
-// limit. Once the window has refilled, the fallback bucket is full again.
-func TestHybridFallbackStartsFromItsShare(t *testing.T) {
+// A replica that loses Redis near the limit falls back from its share of
+// what Redis last said the bucket held, not from a full limit ÷ peers, so
+// the admissions before and after the loss stay within the limit. Once the
+// window has refilled, the fallback bucket is full again.
+func TestFallbackStartsFromItsShare(t *testing.T) {
+	for _, mode := range []string{"hybrid", "redis"} {
+		t.Run(mode, func(t *testing.T) { testFallbackStartsFromItsShare(t, mode) })
+	}
+}
+
+func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 	srv := testredis.Start(t)
 	clk := newClock()
 	m := metrics.New("test")
@@ -122,8 +128,13 @@ func TestHybridFallbackStartsFromItsShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	const peers = 3
-	h := NewHybrid(cache, store, fixedPeers(peers), HybridOptions{SliceIdle: time.Hour, Metrics: m, Log: quiet, Now: clk.Now})
-	r := NewResilient(h, cache, fixedPeers(peers))
+	var r *Resilient
+	if mode == "hybrid" {
+		h := NewHybrid(cache, store, fixedPeers(peers), HybridOptions{SliceIdle: time.Hour, Metrics: m, Log: quiet, Now: clk.Now})
+		r = NewResilient(h, cache, fixedPeers(peers))
+	} else {
+		r = NewResilient(NewRedis(store), cache, fixedPeers(peers))
+	}
 	l := Limit{Limit: 90, Window: time.Minute, OnError: ErrorFallback}
 	ctx := context.Background()
 
@@ -153,7 +164,11 @@ func TestHybridFallbackStartsFromItsShare(t *testing.T) {
 		}
 	}
 	sh := cache.Lock("k")
-	e, _ := sh.Peek("k")
+	e, ok := sh.Peek("k")
+	if !ok {
+		sh.Unlock()
+		t.Fatal("no view of Redis kept for the key after 60 decisions")
+	}
 	remote, slice := e.remote, e.tokens
 	sh.Unlock()
 	if remote+slice != 30 {
