@@ -189,3 +189,39 @@ policies:
 		t.Fatalf("bound %d: the README promises 3 KiB of request-controlled bytes plus names", bound)
 	}
 }
+
+// With a debug logger the server logs one decision in `every`, naming the
+// client but never the key; at info level it logs none.
+func TestDecisionLogSampling(t *testing.T) {
+	cfg, err := config.Parse([]byte("clients: {keys: [{id: ada, key: key-ada-secret}]}\npolicies:\n  - {name: orders, key: [client], limit: 100, window: 1m}\n"), "log.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		level slog.Level
+		want  int
+	}{{slog.LevelDebug, 3}, {slog.LevelInfo, 0}} {
+		cache, _ := quota.NewCache(10)
+		var logs bytes.Buffer
+		log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: tc.level}))
+		srv, err := New(cfg, Limiters{config.ModeLocal: quota.NewLocal(cache)}, metrics.New("test"), WithDecisionLog(log, 2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 6; i++ {
+			req := NewRequest(RequestSpec{Method: "GET", Path: "/", Headers: map[string]string{"x-api-key": "key-ada-secret"}})
+			if _, err := srv.Check(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := strings.Count(logs.String(), `"msg":"decision"`); got != tc.want {
+			t.Fatalf("level %v: %d decision lines, want %d:\n%s", tc.level, got, tc.want, logs.String())
+		}
+		if tc.want > 0 && !strings.Contains(logs.String(), `"client":"ada"`) {
+			t.Fatalf("decision log names no client:\n%s", logs.String())
+		}
+		if strings.Contains(logs.String(), "key-ada-secret") {
+			t.Fatalf("the API key was logged:\n%s", logs.String())
+		}
+	}
+}

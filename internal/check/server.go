@@ -67,15 +67,17 @@ type Option func(*Server)
 // the Check arrived). Each Check reads it once.
 func WithClock(now func() time.Time) Option { return func(s *Server) { s.now = now } }
 
-// WithDecisionLog logs one decision in every `every` at debug level: the
-// outcome, client id, policy, remaining count and latency. Never the API
-// key or the partition key. Whatever `every` is, log also receives a
+// WithDecisionLog logs one decision in every `every` at debug level, when
+// log is enabled for debug: the outcome, client id, policy, remaining count
+// and latency. Never the API key or the partition key. Whatever `every` is, log also receives a
 // warning, once per configuration, when a request matches more than
 // MaxPoliciesPerRequest policies.
 func WithDecisionLog(log *slog.Logger, every int) Option {
 	return func(s *Server) {
 		s.warn = log
-		if every > 0 && log != nil {
+		// The level is fixed at start-up: without debug, Check does not
+		// even count decisions (a shared atomic on every call).
+		if every > 0 && log != nil && log.Enabled(context.Background(), slog.LevelDebug) {
 			s.log, s.sampleEvery = log, uint64(every)
 		}
 	}
@@ -125,7 +127,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	s.outcomes[outcome].Inc()
 	took := time.Since(start)
 	s.metrics.CheckDuration.Observe(took.Seconds())
-	if s.sampleEvery > 0 && s.sampled.Add(1)%s.sampleEvery == 0 && s.log.Enabled(ctx, slog.LevelDebug) {
+	if s.sampleEvery > 0 && s.sampled.Add(1)%s.sampleEvery == 0 {
 		f := resp.GetDynamicMetadata().GetFields()
 		s.log.Debug("decision", "outcome", outcome, "client", f["client"].GetStringValue(),
 			"policy", f["policy"].GetStringValue(), "remaining", f["remaining"].GetNumberValue(),
