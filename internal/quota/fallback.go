@@ -55,12 +55,13 @@ func (r *Resilient) Take(ctx context.Context, key string, l Limit, now time.Time
 	case ErrorDeny:
 		return Decision{Limit: l.Limit, RetryAfter: time.Second, Degraded: DegradedDeny}, nil
 	}
-	fl := r.fallbackLimit(l)
+	peers := max(r.peers.Count(), 1)
+	fl := fallbackLimit(l, peers)
 	ns := now.UnixNano()
 	sh := r.cache.Lock(key)
 	e := entryLocked(sh, key)
 	if l.Algorithm == TokenBucket && e.remoteAt != 0 {
-		e.capToShareLocked(l, fl, ns, max(r.peers.Count(), 1))
+		e.capToShareLocked(l, fl, ns, peers)
 	}
 	d, err = e.takeLocked(fl, ns)
 	sh.Unlock()
@@ -72,11 +73,10 @@ func (r *Resilient) Take(ctx context.Context, key string, l Limit, now time.Time
 	return d, nil
 }
 
-// fallbackLimit is this replica's share of l, decided locally with l's
+// fallbackLimit is this replica's share of l among peers, decided locally with l's
 // own algorithm, so a window stays a window and a leaky bucket still
 // shapes.
-func (r *Resilient) fallbackLimit(l Limit) Limit {
-	peers := max(r.peers.Count(), 1)
+func fallbackLimit(l Limit, peers int64) Limit {
 	fl := Limit{
 		Algorithm: l.Algorithm,
 		Limit:     max(l.Limit/peers, 1),
@@ -120,7 +120,7 @@ func (r *Resilient) Refund(ctx context.Context, key string, l Limit, now time.Ti
 	}
 	sh := r.cache.Lock(key)
 	if e, ok := sh.Peek(key); ok {
-		e.refundLocked(r.fallbackLimit(l), now.UnixNano())
+		e.refundLocked(fallbackLimit(l, max(r.peers.Count(), 1)), now.UnixNano())
 	}
 	sh.Unlock()
 	return nil

@@ -271,7 +271,7 @@ func (s *Store) giveBack(ctx context.Context, partition string, n int64) error {
 
 // heartbeat records replica id and returns the number of replicas heard
 // within ttl, and whether id's entry was missing from the set.
-func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration) (n int64, added bool, err error) {
+func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration) (n int64, missing bool, err error) {
 	v, err := s.run(ctx, "peers", peersScript, []string{s.peersKey()}, id, ttl.Milliseconds(), s.nowArg(time.Microsecond))
 	if err != nil {
 		return 0, false, err
