@@ -60,10 +60,12 @@ const (
 // decodeStatus fills resp's gRPC status code and denied HTTP status from
 // the wire bytes of a CheckResponse, skipping everything else.
 func decodeStatus(b []byte, resp *authv3.CheckResponse) error {
-	if st, ok, err := bytesField(b, checkResponseStatus); err != nil {
+	st, ok, err := bytesField(b, checkResponseStatus)
+	if err != nil {
 		return err
-	} else if ok {
-		code, _, err := varintField(st, statusCode)
+	}
+	if ok {
+		code, err := varintField(st, statusCode)
 		if err != nil {
 			return err
 		}
@@ -79,7 +81,7 @@ func decodeStatus(b []byte, resp *authv3.CheckResponse) error {
 		return err
 	}
 	if ok {
-		code, _, err := varintField(hs, statusCode)
+		code, err := varintField(hs, statusCode)
 		if err != nil {
 			return err
 		}
@@ -91,54 +93,42 @@ func decodeStatus(b []byte, resp *authv3.CheckResponse) error {
 
 var errWireType = errors.New("loadgen: unexpected wire type in CheckResponse")
 
-// bytesField returns the last length-delimited field num of message b.
-func bytesField(b []byte, num protowire.Number) (v []byte, found bool, err error) {
-	err = eachField(b, func(n protowire.Number, typ protowire.Type, val []byte) error {
-		if n != num {
-			return nil
-		}
-		if typ != protowire.BytesType {
-			return errWireType
-		}
-		v, _ = protowire.ConsumeBytes(val)
-		found = true
-		return nil
-	})
+// bytesField returns the contents of the last length-delimited field num
+// of message b.
+func bytesField(b []byte, num protowire.Number) ([]byte, bool, error) {
+	val, found, err := lastField(b, num, protowire.BytesType)
+	v, _ := protowire.ConsumeBytes(val)
 	return v, found, err
 }
 
-// varintField returns the last varint field num of message b.
-func varintField(b []byte, num protowire.Number) (v uint64, found bool, err error) {
-	err = eachField(b, func(n protowire.Number, typ protowire.Type, val []byte) error {
-		if n != num {
-			return nil
-		}
-		if typ != protowire.VarintType {
-			return errWireType
-		}
-		v, _ = protowire.ConsumeVarint(val)
-		found = true
-		return nil
-	})
-	return v, found, err
+// varintField returns the last varint field num of message b, 0 if absent.
+func varintField(b []byte, num protowire.Number) (uint64, error) {
+	val, _, err := lastField(b, num, protowire.VarintType)
+	v, _ := protowire.ConsumeVarint(val)
+	return v, err
 }
 
-// eachField calls fn with every field of message b and its encoded value.
-func eachField(b []byte, fn func(protowire.Number, protowire.Type, []byte) error) error {
+// lastField returns the encoded value of the last field num of message b
+// (proto's rule: the last of repeated scalars wins), which must have wire
+// type typ.
+func lastField(b []byte, num protowire.Number, typ protowire.Type) (val []byte, found bool, err error) {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
+		n, t, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return nil, false, protowire.ParseError(l)
 		}
-		b = b[n:]
-		m := protowire.ConsumeFieldValue(num, typ, b)
+		b = b[l:]
+		m := protowire.ConsumeFieldValue(n, t, b)
 		if m < 0 {
-			return protowire.ParseError(m)
+			return nil, false, protowire.ParseError(m)
 		}
-		if err := fn(num, typ, b[:m]); err != nil {
-			return err
+		if n == num {
+			if t != typ {
+				return nil, false, errWireType
+			}
+			val, found = b[:m], true
 		}
 		b = b[m:]
 	}
-	return nil
+	return val, found, nil
 }
