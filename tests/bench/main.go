@@ -34,6 +34,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/check"
+	"github.com/extauthz/extauthz/internal/childproc"
 	"github.com/extauthz/extauthz/internal/loadgen"
 )
 
@@ -62,7 +63,7 @@ policies:
 
 type target struct {
 	name string
-	p    *proc
+	p    *childproc.Proc
 	runs []loadgen.Result
 }
 
@@ -83,28 +84,28 @@ func run(n, c, rounds, keys int) error {
 		return err
 	}
 
-	rds, err := startRedis(dir)
+	rds, err := childproc.Redis(dir)
 	if err != nil {
 		return err
 	}
-	defer rds.stop()
+	defer rds.Stop()
 	listen := "listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0}\n"
-	redisSection := fmt.Sprintf("redis: {addrs: [%s]}\n", rds.addr)
+	redisSection := fmt.Sprintf("redis: {addrs: [%s]}\n", rds.Addr)
 
 	var targets []*target
 	defer func() {
 		for _, t := range targets {
-			t.p.stop()
+			t.p.Stop()
 		}
 	}()
-	add := func(name string, p *proc, err error) error {
+	add := func(name string, p *childproc.Proc, err error) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		targets = append(targets, &target{name: name, p: p})
 		return nil
 	}
-	p, err := startServer("no-op", self, "-noop-serve")
+	p, err := childproc.Serve("no-op", nil, self, "-noop-serve")
 	if err := add("no-op ceiling", p, err); err != nil {
 		return err
 	}
@@ -123,7 +124,7 @@ func run(n, c, rounds, keys int) error {
 	same := func(int) *authv3.CheckRequest { return req } // read-only: safe to share
 	drive := func(t *target, n int) (loadgen.Result, error) {
 		return loadgen.Run(context.Background(), loadgen.Options{
-			Targets: []string{t.p.addr}, Requests: n, Concurrency: c, MaxDuration: 2 * time.Minute, Request: same,
+			Targets: []string{t.p.Addr}, Requests: n, Concurrency: c, MaxDuration: 2 * time.Minute, Request: same,
 		})
 	}
 	for _, t := range targets { // warm up connections, caches and rates
@@ -132,7 +133,7 @@ func run(n, c, rounds, keys int) error {
 		}
 	}
 
-	rdb := redis.NewClient(&redis.Options{Addr: rds.addr})
+	rdb := redis.NewClient(&redis.Options{Addr: rds.Addr})
 	defer rdb.Close()
 	ctx := context.Background()
 	var hybridCalls, hybridDecisions int64
@@ -220,7 +221,7 @@ func memoryPerKey(dir, bin string, keys, c int) (heapPerKey, rssPerKey float64, 
 	if err != nil {
 		return 0, 0, err
 	}
-	defer p.stop()
+	defer p.Stop()
 	gen := func(offset int) func(int) *authv3.CheckRequest {
 		return func(i int) *authv3.CheckRequest {
 			i += offset
@@ -228,21 +229,21 @@ func memoryPerKey(dir, bin string, keys, c int) (heapPerKey, rssPerKey float64, 
 		}
 	}
 	drive := func(n, offset int) error {
-		_, err := loadgen.Run(context.Background(), loadgen.Options{Targets: []string{p.addr}, Requests: n, Concurrency: c, Request: gen(offset)})
+		_, err := loadgen.Run(context.Background(), loadgen.Options{Targets: []string{p.Addr}, Requests: n, Concurrency: c, Request: gen(offset)})
 		return err
 	}
 	// Warm up with a few keys so runtime and gRPC buffers are in place.
 	if err := drive(2000, 1<<23); err != nil {
 		return 0, 0, err
 	}
-	heap0, rss0, err := liveMemory(p.adm)
+	heap0, rss0, err := liveMemory(p.Admin)
 	if err != nil {
 		return 0, 0, err
 	}
 	if err := drive(keys, 0); err != nil {
 		return 0, 0, err
 	}
-	heap1, rss1, err := liveMemory(p.adm)
+	heap1, rss1, err := liveMemory(p.Admin)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/check"
+	"github.com/extauthz/extauthz/internal/childproc"
 	"github.com/extauthz/extauthz/internal/loadgen"
 	"github.com/extauthz/extauthz/internal/metrics"
 	"github.com/extauthz/extauthz/internal/quota"
@@ -117,15 +118,16 @@ func run(ctx context.Context, bin string) error {
 		}
 	}
 
-	rp, addr, err := startRedis(dir)
+	rp, err := childproc.Redis(dir)
 	if err != nil {
 		return err
 	}
-	defer rp.stop()
+	defer rp.Stop()
+	addr := rp.Addr
 	var replicas []*replica
 	defer func() {
 		for _, r := range replicas {
-			r.stop()
+			r.Stop()
 		}
 	}()
 	cfg := replicaConfig(addr)
@@ -151,7 +153,7 @@ func run(ctx context.Context, bin string) error {
 	defer rdb.Close()
 	var targets []string
 	for _, r := range replicas {
-		targets = append(targets, r.grpc)
+		targets = append(targets, r.Addr)
 	}
 	fmt.Printf("redis-server %s, extauthz replicas %s\n\n", addr, strings.Join(targets, " "))
 
