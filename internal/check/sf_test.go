@@ -156,33 +156,10 @@ func FuzzSFHeaders(f *testing.F) {
 	// Durations within a second of the largest: d + 1s - 1 overflows.
 	f.Add("x", int64(math.MaxInt64), int64(math.MaxInt64), int64(math.MaxInt64), int64(math.MaxInt64-1))
 	f.Fuzz(func(t *testing.T, name string, q, w, r, reset int64) {
-		ph := policyHeader(name, q, time.Duration(w))
-		it, err := parseSFStringItem(ph)
-		if err != nil {
-			t.Fatalf("policyHeader(%q, %d, %d) = %s: %v", name, q, w, ph, err)
-		}
-		gq, okq := it.param("q")
-		gw, okw := it.param("w")
-		if it.str != printable(name) || len(it.params) != 2 || !okq || !okw {
-			t.Fatalf("policyHeader(%q, %d, %d) = %s: want the name and q, w", name, q, w, ph)
-		}
-		if gq != clampInt(q, 0) || gw != wantSeconds(time.Duration(w), 1) {
-			t.Fatalf("policyHeader(%q, %d, %v) = %s: want q=%d;w=%d", name, q, time.Duration(w), ph, clampInt(q, 0), wantSeconds(time.Duration(w), 1))
-		}
-
-		rh := rateLimitHeader(name, r, time.Duration(reset))
-		it, err = parseSFStringItem(rh)
-		if err != nil {
-			t.Fatalf("rateLimitHeader(%q, %d, %d) = %s: %v", name, r, reset, rh, err)
-		}
-		gr, okr := it.param("r")
-		gt, okt := it.param("t")
-		if it.str != printable(name) || len(it.params) != 2 || !okr || !okt {
-			t.Fatalf("rateLimitHeader(%q, %d, %d) = %s: want the name and r, t", name, r, reset, rh)
-		}
-		if gr != clampInt(r, 0) || gt != wantSeconds(time.Duration(reset), 0) {
-			t.Fatalf("rateLimitHeader(%q, %d, %v) = %s: want r=%d;t=%d", name, r, time.Duration(reset), rh, clampInt(r, 0), wantSeconds(time.Duration(reset), 0))
-		}
+		checkItem(t, fmt.Sprintf("policyHeader(%q, %d, %v)", name, q, time.Duration(w)), policyHeader(name, q, time.Duration(w)),
+			name, "q", clampInt(q, 0), "w", wantSeconds(time.Duration(w), 1))
+		checkItem(t, fmt.Sprintf("rateLimitHeader(%q, %d, %v)", name, r, time.Duration(reset)), rateLimitHeader(name, r, time.Duration(reset)),
+			name, "r", clampInt(r, 0), "t", wantSeconds(time.Duration(reset), 0))
 
 		// appendSFString appends: what came before stays.
 		if got := string(appendSFString([]byte("x;"), name)); !strings.HasPrefix(got, "x;") || got[2:] != string(appendSFString(nil, name)) {
@@ -203,5 +180,23 @@ func TestParseSFStringItemRejects(t *testing.T) {
 	it, err := parseSFStringItem(`"a\"b\\";q=-1; w=999999999999999`)
 	if err != nil || it.str != `a"b\` || len(it.params) != 2 || it.params[0] != (sfParam{"q", -1}) || it.params[1] != (sfParam{"w", 999999999999999}) {
 		t.Fatalf("parseSFStringItem = %+v, %v", it, err)
+	}
+}
+
+// checkItem fails t unless header, the result of call, is a structured-field
+// string item naming name with exactly the parameters a=wantA and b=wantB.
+func checkItem(t *testing.T, call, header, name, a string, wantA int64, b string, wantB int64) {
+	t.Helper()
+	it, err := parseSFStringItem(header)
+	if err != nil {
+		t.Fatalf("%s = %s: %v", call, header, err)
+	}
+	ga, oka := it.param(a)
+	gb, okb := it.param(b)
+	if it.str != printable(name) || len(it.params) != 2 || !oka || !okb {
+		t.Fatalf("%s = %s: want the name and %s, %s", call, header, a, b)
+	}
+	if ga != wantA || gb != wantB {
+		t.Fatalf("%s = %s: want %s=%d;%s=%d", call, header, a, wantA, b, wantB)
 	}
 }
