@@ -130,11 +130,17 @@ func startSidecarFile(t *testing.T, path string, env []string, extraArgs ...stri
 // detector, for volume tests.
 func startFastSidecar(t *testing.T, cfg string) *sidecar {
 	t.Helper()
+	return startProcess(t, fastBinary, writeConfig(t, cfg), nil)
+}
+
+// writeConfig writes cfg, after a listen section on kernel-picked ports, to
+// a file of the test's own and returns its path, for tests that start the
+// process themselves rather than through startSidecar.
+func writeConfig(t *testing.T, cfg string) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "extauthz.yaml")
-	if err := os.WriteFile(path, []byte("listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0}\n"+cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return startProcess(t, fastBinary, path, nil)
+	must(t, os.WriteFile(path, []byte("listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0}\n"+cfg), 0o600))
+	return path
 }
 
 func startProcess(t *testing.T, bin, path string, env []string, extraArgs ...string) *sidecar {
@@ -313,6 +319,19 @@ func (s *sidecar) check(req *authv3.CheckRequest) *authv3.CheckResponse {
 		s.t.Fatalf("Check: %v", err)
 	}
 	return resp
+}
+
+// ordersFor is the one-client configuration many tests share: ada's key,
+// and a single policy "orders" counting per client, which is what adaOrder's
+// requests fall under. rest carries what differs between tests: the limit,
+// the window and, where a test needs it, a match.
+func ordersFor(rest string) string {
+	return `
+clients:
+  keys: [{id: ada, key: key-ada}]
+policies:
+  - {name: orders, key: [client], ` + rest + `}
+`
 }
 
 // redisOptions is go-redis's client options, for tests that tweak them.

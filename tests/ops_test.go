@@ -149,13 +149,7 @@ func must(t *testing.T, err error) {
 // hybrid tokens go back to Redis; the process exits 0.
 func TestSIGTERMDrainsUnderLoad(t *testing.T) {
 	srv := testredis.Start(t)
-	path := filepath.Join(t.TempDir(), "extauthz.yaml")
-	must(t, os.WriteFile(path, []byte("listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0}\n"+redisConfig(srv.Addr, "hybrid", `
-clients:
-  keys: [{id: ada, key: key-ada}]
-policies:
-  - {name: orders, key: [client], limit: 100000, window: 8000h}
-`)), 0o600))
+	path := writeConfig(t, redisConfig(srv.Addr, "hybrid", ordersFor("limit: 100000, window: 8000h")))
 	s := startSidecarFile(t, path, nil, "-drain-delay", "700ms", "-grace", "5s")
 	health := healthpb.NewHealthClient(s.conn)
 	bg := startBackground(s, 8, adaOrder)
@@ -210,12 +204,7 @@ policies:
 // After traffic, /metrics exposes every family operators rely on.
 func TestMetricsFamilies(t *testing.T) {
 	srv := testredis.Start(t)
-	s := startSidecar(t, redisConfig(srv.Addr, "hybrid", `
-clients:
-  keys: [{id: ada, key: key-ada}]
-policies:
-  - {name: orders, key: [client], limit: 100, window: 1m}
-`))
+	s := startSidecar(t, redisConfig(srv.Addr, "hybrid", ordersFor("limit: 100, window: 1m")))
 	tally(t, drive(t, []*sidecar{s}, 150, 4, adaOrder))
 	s.cmd.Process.Signal(syscall.SIGHUP)
 	waitMetric(t, s, 10*time.Second, 1, "extauthz_config_reloads_total", "result", "success")

@@ -138,26 +138,48 @@ func checkOutage(t *testing.T, samples []sample, healthyUntil, downAt time.Time,
 	}
 }
 
+// perIPPolicy gives every source address its own bucket, far from its
+// limit: the outage tests' load is always admitted, so any status but 200
+// comes from how the sidecar handled the store failing.
+const perIPPolicy = `
+policies:
+  - {name: per-ip, key: [ip], limit: 1000000, window: 1s}
+`
+
+// perIPRequest builds the i-th request from its own source address in
+// 10.<net>.0.0/16, so each decision touches a bucket of its own; each test
+// passes its own net so no two tests send from the same addresses.
+func perIPRequest(net int) func(int) *authv3.CheckRequest {
+	return func(i int) *authv3.CheckRequest {
+		return envoyRequest{sourceIP: fmt.Sprintf("10.%d.%d.%d", net, i>>8&255, i&255)}.build()
+	}
+}
+
+// breakUnderLoad is the outage scenario the kill, freeze and cluster tests
+// share: 16 workers send req to s; after warm decisions with the store
+// healthy (the latency baseline), brk breaks Redis; once s marks the store
+// down, which must happen within markDown, 500 more decisions run, and
+// checkOutage holds over all of them with every decision a 200.
+func breakUnderLoad(t *testing.T, s *sidecar, req func(int) *authv3.CheckRequest, warm int, markDown time.Duration, brk func()) {
+	t.Helper()
+	bg := startBackground(s, 16, req)
+	waitCount(t, bg, warm)
+	healthyUntil := time.Now()
+	brk()
+	waitMetric(t, s, markDown, 0, "extauthz_redis_up")
+	downAt := time.Now()
+	waitCount(t, bg, len(bg.snapshot())+500)
+	checkOutage(t, bg.halt(), healthyUntil, downAt, 200)
+}
+
 // Redis killed under load: no gRPC error, every decision by on_redis_error,
 // and once the store is marked down no decision waits on it.
 func TestRedisKilledUnderLoad(t *testing.T) {
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := testredis.Start(t)
-			s := startSidecar(t, outageConfig(srv.Addr, mode, `
-policies:
-  - {name: per-ip, key: [ip], limit: 1000000, window: 1s}
-`))
-			bg := startBackground(s, 16, func(i int) *authv3.CheckRequest {
-				return envoyRequest{sourceIP: fmt.Sprintf("10.0.%d.%d", i>>8&255, i&255)}.build()
-			})
-			waitCount(t, bg, 200)
-			healthyUntil := time.Now()
-			srv.Kill()
-			waitMetric(t, s, 5*time.Second, 0, "extauthz_redis_up")
-			downAt := time.Now()
-			waitCount(t, bg, len(bg.snapshot())+500)
-			checkOutage(t, bg.halt(), healthyUntil, downAt, 200)
+			s := startSidecar(t, outageConfig(srv.Addr, mode, perIPPolicy))
+			breakUnderLoad(t, s, perIPRequest(0), 200, 5*time.Second, srv.Kill)
 			if n := s.metric("extauthz_degraded_decisions_total", "action", "fallback"); n == 0 {
 				t.Fatal("no fallback decisions counted")
 			}
@@ -192,12 +214,7 @@ func waitCount(t *testing.T, b *background, n int) {
 // third of the limit, so together they admit about the limit, not 3×.
 func TestFallbackSplitsTheLimitAcrossPeers(t *testing.T) {
 	srv := testredis.Start(t)
-	replicas := startReplicas(t, 3, outageConfig(srv.Addr, "hybrid", `
-clients:
-  keys: [{id: ada, key: key-ada}]
-policies:
-  - {name: orders, match: {path_prefix: /orders}, key: [client], limit: 90, window: 1m}
-`))
+	replicas := startReplicas(t, 3, outageConfig(srv.Addr, "hybrid", ordersFor("match: {path_prefix: /orders}, limit: 90, window: 1m")))
 	waitPeers(t, replicas, 3)
 	srv.Kill()
 	results, elapsed := timedDrive(t, replicas, 600, 32, adaOrder)
@@ -230,12 +247,7 @@ func TestFallbackNearTheLimitStaysNearIt(t *testing.T) {
 
 func testFallbackNearTheLimit(t *testing.T, mode string) {
 	srv := testredis.Start(t)
-	replicas := startReplicas(t, 3, redisConfig(srv.Addr, mode, `
-clients:
-  keys: [{id: ada, key: key-ada}]
-policies:
-  - {name: orders, match: {path_prefix: /orders}, key: [client], limit: 90, window: 1m}
-`))
+	replicas := startReplicas(t, 3, redisConfig(srv.Addr, mode, ordersFor("match: {path_prefix: /orders}, limit: 90, window: 1m")))
 	waitPeers(t, replicas, 3)
 	start := time.Now()
 	before := tally(t, drive(t, replicas, 60, 6, adaOrder))
@@ -269,21 +281,9 @@ policies:
 // as killed; after SIGCONT the policy returns to hybrid by itself.
 func TestRedisFrozenAndThawed(t *testing.T) {
 	srv := testredis.Start(t)
-	s := startSidecar(t, outageConfig(srv.Addr, "hybrid", `
-policies:
-  - {name: per-ip, key: [ip], limit: 1000000, window: 1s}
-`))
-	req := func(i int) *authv3.CheckRequest {
-		return envoyRequest{sourceIP: fmt.Sprintf("10.1.%d.%d", i>>8&255, i&255)}.build()
-	}
-	bg := startBackground(s, 16, req)
-	waitCount(t, bg, 200)
-	healthyUntil := time.Now()
-	srv.Freeze()
-	waitMetric(t, s, 5*time.Second, 0, "extauthz_redis_up")
-	downAt := time.Now()
-	waitCount(t, bg, len(bg.snapshot())+500)
-	checkOutage(t, bg.halt(), healthyUntil, downAt, 200)
+	s := startSidecar(t, outageConfig(srv.Addr, "hybrid", perIPPolicy))
+	req := perIPRequest(1)
+	breakUnderLoad(t, s, req, 200, 5*time.Second, srv.Freeze)
 
 	srv.Thaw()
 	waitMetric(t, s, 5*time.Second, 1, "extauthz_redis_up")

@@ -169,12 +169,7 @@ policies:
 // (its key gone) within the idle time plus the refill time.
 func TestHybridUnspentTokensComeBack(t *testing.T) {
 	srv := testredis.Start(t)
-	replicas := startReplicas(t, 3, redisConfig(srv.Addr, "hybrid", `
-clients:
-  keys: [{id: ada, key: key-ada}]
-policies:
-  - {name: orders, key: [client], limit: 1000, window: 10s}
-`))
+	replicas := startReplicas(t, 3, redisConfig(srv.Addr, "hybrid", ordersFor("limit: 1000, window: 10s")))
 	waitPeers(t, replicas, 3)
 	rdb := srv.Client()
 	ctx := context.Background()
@@ -210,12 +205,7 @@ policies:
 // SIGTERM gives a replica's unspent tokens back to Redis.
 func TestHybridShutdownReturnsTokens(t *testing.T) {
 	srv := testredis.Start(t)
-	s := startSidecar(t, redisConfig(srv.Addr, "hybrid", `
-clients:
-  keys: [{id: ada, key: key-ada}]
-policies:
-  - {name: orders, key: [client], limit: 10000, window: 1000h}
-`))
+	s := startSidecar(t, redisConfig(srv.Addr, "hybrid", ordersFor("limit: 10000, window: 1000h")))
 	rdb := srv.Client()
 	ctx := context.Background()
 	tally(t, drive(t, []*sidecar{s}, 500, 16, adaOrder))

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,8 +24,7 @@ import (
 // and returns its exit code and output.
 func runToExit(t *testing.T, cfg string, env ...string) (int, string) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "extauthz.yaml")
-	must(t, os.WriteFile(path, []byte("listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0}\n"+cfg), 0o600))
+	path := writeConfig(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, "serve", "-config", path)
@@ -42,20 +40,6 @@ func runToExit(t *testing.T, cfg string, env ...string) (int, string) {
 	return code, string(out)
 }
 
-func writeConfig(t *testing.T, cfg string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "extauthz.yaml")
-	must(t, os.WriteFile(path, []byte("listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0}\n"+cfg), 0o600))
-	return path
-}
-
-const securePolicy = `
-clients:
-  keys: [{id: ada, key: key-ada}]
-policies:
-  - {name: orders, match: {path_prefix: /orders}, key: [client], limit: 100, window: 1m}
-`
-
 // A password from the environment works; a wrong one stops start-up with
 // a clear message and never prints the password.
 func TestRedisPasswordAndACL(t *testing.T) {
@@ -66,7 +50,7 @@ func TestRedisPasswordAndACL(t *testing.T) {
 	must(t, admin.Do(ctx, "ACL", "SETUSER", "extauthz", "on", ">user-pass", "~rl:*", "+@all").Err())
 
 	cfg := func(user string) string {
-		return fmt.Sprintf("redis: {addrs: [%s], username: %q, password_env: REDIS_PASSWORD, timeout: 200ms}\ndefault_mode: redis\n%s", srv.Addr, user, securePolicy)
+		return fmt.Sprintf("redis: {addrs: [%s], username: %q, password_env: REDIS_PASSWORD, timeout: 200ms}\ndefault_mode: redis\n%s", srv.Addr, user, seedPolicy)
 	}
 	code, out := runToExit(t, cfg(""), "REDIS_PASSWORD=wrong-pass")
 	if code != 1 || !strings.Contains(out, "refused the credentials") || !strings.Contains(out, "$REDIS_PASSWORD") {
@@ -106,7 +90,7 @@ func TestRedisTLS(t *testing.T) {
   timeout: 200ms
   tls: {ca_file: %s, cert_file: %s, key_file: %s}
 default_mode: hybrid
-%s`, srv.Addr, certs.CA, certs.ClientCert, certs.ClientKey, securePolicy)
+%s`, srv.Addr, certs.CA, certs.ClientCert, certs.ClientKey, seedPolicy)
 	s := startSidecar(t, cfg)
 	results, elapsed := timedDrive(t, []*sidecar{s}, 300, 16, adaOrder)
 	assertAdmitted(t, tally(t, results)[200], 100, 100, time.Minute, elapsed, 1)
@@ -116,7 +100,7 @@ default_mode: hybrid
 
 	// A CA that did not sign the server's certificate.
 	other := testcerts.Write(t, "other")
-	bad := startSidecar(t, fmt.Sprintf("redis: {addrs: [%s], timeout: 200ms, tls: {ca_file: %s}}\ndefault_mode: hybrid\n%s", srv.Addr, other.CA, securePolicy))
+	bad := startSidecar(t, fmt.Sprintf("redis: {addrs: [%s], timeout: 200ms, tls: {ca_file: %s}}\ndefault_mode: hybrid\n%s", srv.Addr, other.CA, seedPolicy))
 	if !strings.Contains(bad.logs.String(), "certificate") {
 		t.Fatalf("an untrusted Redis certificate is not reported:\n%s", bad.logs)
 	}
@@ -150,7 +134,7 @@ func TestGRPCListenerTLS(t *testing.T) {
 		return err
 	}
 	tlsOnly := startSidecar(t, fmt.Sprintf("listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0, tls: {cert_file: %s, key_file: %s}}\n%s",
-		certs.ServerCert, certs.ServerKey, securePolicy))
+		certs.ServerCert, certs.ServerKey, seedPolicy))
 	if err := call(tlsOnly, credentials.NewTLS(&tls.Config{RootCAs: pool})); err != nil {
 		t.Fatalf("TLS client: %v", err)
 	}
@@ -159,7 +143,7 @@ func TestGRPCListenerTLS(t *testing.T) {
 	}
 
 	mtls := startSidecar(t, fmt.Sprintf("listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0, tls: {cert_file: %s, key_file: %s, client_ca_file: %s}}\n%s",
-		certs.ServerCert, certs.ServerKey, certs.CA, securePolicy))
+		certs.ServerCert, certs.ServerKey, certs.CA, seedPolicy))
 	if err := call(mtls, credentials.NewTLS(&tls.Config{RootCAs: pool})); err == nil {
 		t.Fatal("mTLS listener served a client without a certificate")
 	}
