@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"log/slog"
 	"os"
@@ -32,7 +31,7 @@ func watchConfig(path string, parsed [32]byte, log *slog.Logger, reload func()) 
 		w.Close()
 		return nil, err
 	}
-	last := parsed[:]
+	last := parsed
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -51,7 +50,7 @@ func watchConfig(path string, parsed [32]byte, log *slog.Logger, reload func()) 
 				log.Warn("config watch error", "dir", dir, "error", err.Error())
 			case <-settle:
 				settle = nil
-				if sum := fileSum(path); sum != nil && !bytes.Equal(sum, last) {
+				if sum, ok := fileSum(path); ok && sum != last {
 					last = sum
 					reload()
 				}
@@ -61,13 +60,12 @@ func watchConfig(path string, parsed [32]byte, log *slog.Logger, reload func()) 
 	return func() { w.Close(); <-done }, nil
 }
 
-// fileSum is the SHA-256 of the file's content, following symlinks, or nil
-// while it cannot be read (mid-swap).
-func fileSum(path string) []byte {
+// fileSum is the SHA-256 of the file's content, following symlinks; ok is
+// false while it cannot be read (mid-swap).
+func fileSum(path string) (sum [32]byte, ok bool) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil
+		return sum, false
 	}
-	s := sha256.Sum256(data)
-	return s[:]
+	return sha256.Sum256(data), true
 }
