@@ -12,35 +12,8 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/extauthz/extauthz/internal/testredis"
+	"github.com/extauthz/extauthz/internal/quota"
 )
-
-// algorithmPolicies gives each algorithm a policy of its own, named after
-// it and matched by path, so one set of replicas serves every algorithm.
-//
-// The counting algorithms have limit 100 per hour. A 600-request run takes
-// well under a second, so a token bucket refills nothing during it (one
-// token per 36s) and a sliding log forgets nothing. Fixed and sliding
-// windows start on the hour: a run that straddles one (a fraction of a
-// second in an hour) would legitimately admit more, so the test reads
-// Redis TIME around each run and repeats it under another client's key if
-// it crossed a boundary.
-//
-// The leaky bucket shapes instead: 100 per 10s is a slot every 100ms, and
-// with max_delay 150ms a burst passes 1 + ⌊150/100⌋ = 2 at once, then one
-// per slot while the run lasts.
-const algorithmPolicies = `
-clients:
-  keys:
-    - {id: ada, key: key-ada}
-    - {id: bob, key: key-bob}
-policies:
-  - {name: token_bucket, match: {path_prefix: /token_bucket}, key: [client], limit: 100, window: 1h}
-  - {name: sliding_window, match: {path_prefix: /sliding_window}, key: [client], limit: 100, window: 1h, algorithm: sliding_window}
-  - {name: fixed_window, match: {path_prefix: /fixed_window}, key: [client], limit: 100, window: 1h, algorithm: fixed_window}
-  - {name: sliding_log, match: {path_prefix: /sliding_log}, key: [client], limit: 100, window: 1h, algorithm: sliding_log}
-  - {name: leaky_bucket, match: {path_prefix: /leaky_bucket}, key: [client], limit: 100, window: 10s, algorithm: leaky_bucket, max_delay: 150ms}
-`
 
 func algorithmRequest(alg, key string) func(int) *authv3.CheckRequest {
 	return func(int) *authv3.CheckRequest {
@@ -56,61 +29,6 @@ func redisNow(t *testing.T, rdb *redis.Client) time.Time {
 		t.Fatal(err)
 	}
 	return now
-}
-
-// Every algorithm, three replicas sharing one Redis, 600 requests round
-// robin in parallel: exactly 100 admitted (redis mode: one script per
-// decision; hybrid mode: leased token-bucket slices, the exact script for
-// the others).
-func TestAlgorithmsSharedRedis(t *testing.T) {
-	for _, mode := range []string{"redis", "hybrid"} {
-		t.Run(mode, func(t *testing.T) {
-			srv := testredis.Start(t)
-			rdb := srv.Client()
-			// redis.timeout 2s rather than the tests' usual 200ms: this test
-			// is about the algorithms' counts, and on a loaded machine a
-			// slow call would fall back to local shares (which admit more,
-			// by design). degradedDecisions checks that none did.
-			cfg := fmt.Sprintf("redis: {addrs: [%s], timeout: 2s}\ndefault_mode: %s\nlocal: {slice_idle: 200ms}\n%s", srv.Addr, mode, algorithmPolicies)
-			replicas := startReplicas(t, 3, cfg)
-			waitPeers(t, replicas, 3)
-			for _, alg := range []string{"token_bucket", "sliding_window", "fixed_window", "sliding_log"} {
-				t.Run(alg, func(t *testing.T) {
-					for attempt, client := range []string{"ada", "bob"} {
-						before := redisNow(t, rdb)
-						results, elapsed := timedDrive(t, replicas, 600, 32, algorithmRequest(alg, "key-"+client))
-						after := redisNow(t, rdb)
-						if before.Truncate(time.Hour) != after.Truncate(time.Hour) && attempt == 0 {
-							t.Logf("the run crossed the hour at %v: the window turned; again with another key", after.Truncate(time.Hour))
-							continue
-						}
-						counts := tally(t, results)
-						if counts[200]+counts[429] != 600 {
-							t.Fatalf("statuses = %v", counts)
-						}
-						// Only the token bucket refills within the hour: one
-						// token per 36s of run (none, in practice).
-						buckets := 0
-						if alg == "token_bucket" {
-							buckets = 1
-						}
-						assertAdmitted(t, counts[200], 100, 100, time.Hour, elapsed, buckets)
-						assert429s(t, results, alg, 3600)
-						assertKeyExpires(t, rdb, alg, client, time.Hour)
-						return
-					}
-				})
-			}
-			t.Run("leaky_bucket", func(t *testing.T) { testLeakyBucketShapes(t, replicas, rdb) })
-			var degraded float64
-			for _, r := range replicas {
-				degraded += r.metric("extauthz_degraded_decisions_total")
-			}
-			if degraded != 0 {
-				t.Fatalf("%v decisions were made without Redis: the counts above are not the algorithms'", degraded)
-			}
-		})
-	}
 }
 
 // assert429s checks the denials: RateLimit-Policy names the policy, and
@@ -152,7 +70,6 @@ func testLeakyBucketShapes(t *testing.T, replicas []*sidecar, rdb *redis.Client)
 	const interval, maxDelay = 100 * time.Millisecond, 150 * time.Millisecond
 	start := time.Now()
 	results := drive(t, replicas, 600, 32, algorithmRequest("leaky_bucket", "key-ada"))
-	elapsed := time.Since(start)
 	var released []time.Time
 	var slowest time.Duration
 	for _, s := range results {
@@ -165,8 +82,6 @@ func testLeakyBucketShapes(t *testing.T, replicas []*sidecar, rdb *redis.Client)
 	if counts[200]+counts[429] != 600 {
 		t.Fatalf("statuses = %v", counts)
 	}
-	// 2 at once, plus one per 100ms the run lasted.
-	assertAdmitted(t, counts[200], 1+int(maxDelay/interval), 100, 10*time.Second, elapsed, 1)
 	assert429s(t, results, "leaky_bucket", 10)
 	slices.SortFunc(released, func(a, b time.Time) int { return a.Compare(b) })
 	var gaps []time.Duration
@@ -175,7 +90,14 @@ func testLeakyBucketShapes(t *testing.T, replicas []*sidecar, rdb *redis.Client)
 		gaps = append(gaps, released[k].Sub(released[k-1]))
 		shown = append(shown, gaps[k-1].Round(time.Millisecond).String())
 	}
-	t.Logf("OKs released at intervals %s; slowest OK %v (max_delay %v)", strings.Join(shown, " "), slowest.Round(time.Millisecond), maxDelay)
+	t.Logf("%d OKs released at intervals %s; slowest OK %v (max_delay %v)", len(released), strings.Join(shown, " "), slowest.Round(time.Millisecond), maxDelay)
+	// The count: slots are one interval apart, the first no earlier than
+	// the run's start and the last no later than its release, so at most
+	// 1 + (last release − start)/interval were admitted; and the burst
+	// alone admits 1 + ⌊max_delay/interval⌋.
+	if most, least := 1+int(released[len(released)-1].Sub(start)/interval), 1+int(maxDelay/interval); counts[200] > most || counts[200] < least {
+		t.Fatalf("admitted %d; slots one per %v between the start and the last release allow %d to %d", counts[200], interval, least, most)
+	}
 	// Held requests leave one slot apart; unshaped, they would all leave
 	// at once. Timers never fire early, but each answer also carries its
 	// own scheduling and network time, so single gaps jitter: check the
@@ -188,8 +110,10 @@ func testLeakyBucketShapes(t *testing.T, replicas []*sidecar, rdb *redis.Client)
 	if median := gaps[len(gaps)/2]; median < interval/2 {
 		t.Fatalf("median gap between OKs %v; shaping wants %v", median, interval)
 	}
-	if slowest > 3*time.Second {
-		t.Fatalf("an OK took %v; holds are bounded by max_delay %v", slowest, maxDelay)
+	// A held OK spends its Redis call (at most the call timeout) and its
+	// hold (at most max_delay).
+	if bound := maxDelay + quota.DefaultTimeout; slowest > bound {
+		t.Fatalf("an OK took %v; a Redis call and a hold take at most %v", slowest, bound)
 	}
 	assertKeyExpires(t, rdb, "leaky_bucket", "ada", 10*time.Second)
 }

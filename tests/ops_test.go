@@ -149,7 +149,7 @@ func must(t *testing.T, err error) {
 // hybrid tokens go back to Redis; the process exits 0.
 func TestSIGTERMDrainsUnderLoad(t *testing.T) {
 	srv := testredis.Start(t)
-	path := writeConfig(t, redisConfig(srv.Addr, "hybrid", ordersFor("limit: 100000, window: 8000h")))
+	path := writeConfig(t, defaultsConfig(srv.Addr, "hybrid", ordersFor("limit: 100000, window: 8000h")))
 	s := startSidecarFile(t, path, nil, "-drain-delay", "700ms", "-grace", "5s")
 	health := healthpb.NewHealthClient(s.conn)
 	bg := startBackground(s, 8, adaOrder)
@@ -204,14 +204,16 @@ func TestSIGTERMDrainsUnderLoad(t *testing.T) {
 // After traffic, /metrics exposes every family operators rely on.
 func TestMetricsFamilies(t *testing.T) {
 	srv := testredis.Start(t)
-	s := startSidecar(t, redisConfig(srv.Addr, "hybrid", ordersFor("limit: 100, window: 1m")))
-	tally(t, drive(t, []*sidecar{s}, 150, 4, adaOrder))
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", ordersFor("limit: 100, window: 1m")))
+	results, elapsed := timedDrive(t, []*sidecar{s}, 150, 4, adaOrder)
+	counts := tally(t, results)
+	assertAdmitted(t, counts[200], 100, 100, time.Minute, elapsed, 1)
 	s.cmd.Process.Signal(syscall.SIGHUP)
 	waitMetric(t, s, 10*time.Second, 1, "extauthz_config_reloads_total", "result", "success")
 	mfs := s.metrics()
 	for _, name := range []string{
 		"extauthz_decisions_total", "extauthz_checks_total", "extauthz_check_duration_seconds",
-		"extauthz_redis_calls_total", "extauthz_redis_call_duration_seconds", "extauthz_redis_up",
+		"extauthz_redis_calls_total", "extauthz_redis_call_duration_seconds", "extauthz_redis_up", "extauthz_redis_breaker_opened_total",
 		"extauthz_hybrid_slices_leased_total", "extauthz_hybrid_tokens_leased_total",
 		"extauthz_peers", "extauthz_cache_entries", "extauthz_cache_capacity", "extauthz_cache_evictions_total",
 		"extauthz_config_reloads_total", "extauthz_config_policies", "extauthz_build_info",
@@ -222,7 +224,7 @@ func TestMetricsFamilies(t *testing.T) {
 			t.Errorf("/metrics lacks %s", name)
 		}
 	}
-	if got := sumMetric(mfs, "extauthz_decisions_total", "policy", "orders", "mode", "hybrid", "result", "denied"); got < 49 {
-		t.Errorf("denied decisions = %v, want about 50", got)
+	if got := sumMetric(mfs, "extauthz_decisions_total", "policy", "orders", "mode", "hybrid", "result", "denied"); got != float64(counts[429]) {
+		t.Errorf("denied decisions = %v, the responses say %d", got, counts[429])
 	}
 }

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,14 +11,6 @@ import (
 
 	"github.com/extauthz/extauthz/internal/testredis"
 )
-
-// redisConfig is a configuration with a redis section and mode as the
-// default mode, followed by body. Its timeout is long: these tests are
-// about exactness, and a busy test machine must not push decisions into
-// fallback (outage_test.go tests short timeouts).
-func redisConfig(addr, mode, body string) string {
-	return fmt.Sprintf("redis: {addrs: [%s], timeout: 2s}\ndefault_mode: %s\nlocal: {slice_idle: 200ms}\n%s", addr, mode, body)
-}
 
 func startReplicas(t *testing.T, n int, cfg string) []*sidecar {
 	t.Helper()
@@ -56,41 +47,6 @@ func waitPeers(t *testing.T, replicas []*sidecar, n int) {
 	}
 }
 
-// The seed scenario: limit 100 per minute, three replicas sharing one
-// Redis, 600 requests round robin in parallel: exactly 100 allowed in redis
-// mode and in hybrid mode.
-func TestSeedScenarioSharedRedis(t *testing.T) {
-	for _, mode := range []string{"redis", "hybrid"} {
-		t.Run(mode, func(t *testing.T) {
-			srv := testredis.Start(t)
-			replicas := startReplicas(t, 3, redisConfig(srv.Addr, mode, seedPolicy))
-			waitPeers(t, replicas, 3)
-			results, elapsed := timedDrive(t, replicas, 600, 32, adaOrder)
-			counts := tally(t, results)
-			if counts[200]+counts[429] != 600 {
-				t.Fatalf("statuses = %v", counts)
-			}
-			assertNoFallback(t, replicas)
-			assertAdmitted(t, counts[200], 100, 100, time.Minute, elapsed, 1)
-			for _, r := range results {
-				if httpStatus(r.resp) == 429 {
-					h := deniedHeaders(r.resp)
-					if h["ratelimit-policy"] != `"orders";q=100;w=60` || h["retry-after"] == "" || h["ratelimit"] == "" {
-						t.Fatalf("429 headers = %v", h)
-					}
-				}
-			}
-			var decided float64
-			for _, r := range replicas {
-				decided += r.metric("extauthz_decisions_total", "policy", "orders", "mode", mode, "result", "allowed")
-			}
-			if decided != float64(counts[200]) {
-				t.Fatalf("replicas count %v allowed decisions, responses %d", decided, counts[200])
-			}
-		})
-	}
-}
-
 // A deliberately naive limiter, GET then INCR from three clients, under the
 // same load: it admits more than the limit, because requests read the
 // count between another's read and its increment. This is the race the
@@ -124,27 +80,34 @@ func TestNaiveGetThenIncrRace(t *testing.T) {
 	close(start)
 	wg.Wait()
 	t.Logf("naive GET-then-INCR admitted %d of 600 against a limit of 100", admitted.Load())
-	if admitted.Load() <= 100 {
-		t.Fatalf("naive limiter admitted %d: the race did not show this run", admitted.Load())
+	// The README's claim: several hundred, that is at least 300.
+	if admitted.Load() < 300 {
+		t.Fatalf("naive limiter admitted %d: fewer than the several hundred the README states", admitted.Load())
 	}
 }
 
-// A busy key far from its limit makes few Redis calls: at most 10 per
-// 1,000 decisions, counted by Redis itself (INFO commandstats).
+// A busy key far from its limit: a slice covers a horizon (100ms) of the
+// key's traffic on its replica, as its smoothed rate predicts it, so each
+// replica leases about once per 100ms whatever the rate (never more than
+// twice: the smoothed rate is at least half the rate of the last slice
+// while the rate at most doubles from one slice to the next), and
+// heartbeats once a second. At the defaults,
+// counted by Redis itself (INFO commandstats), with no decision degraded
+// (a store marked down makes no calls at all). Per 1,000 decisions that is
+// 1000 ÷ (rate × 0.1s) + heartbeats: one call at 10,000 decisions a second
+// per replica.
 //
-// The figure depends on how busy the key is (a slice covers about 100ms of
-// its traffic), so this test runs the binary built without the race
-// detector, at a realistic rate.
+// The figure depends on how busy the key is, so this test runs the binary
+// built without the race detector, at a realistic rate.
 func TestHybridRedisCallsPerThousand(t *testing.T) {
 	srv := testredis.Start(t)
-	cfg := redisConfig(srv.Addr, "hybrid", `
+	cfg := defaultsConfig(srv.Addr, "hybrid", `
 clients:
   keys: [{id: ada, key: key-ada}]
 policies:
   - {name: busy, key: [client], limit: 100000000, window: 1m}
 `)
 	replicas := []*sidecar{startFastSidecar(t, cfg), startFastSidecar(t, cfg), startFastSidecar(t, cfg)}
-	waitPeers(t, replicas, 3)
 	rdb := srv.Client()
 	ctx := context.Background()
 	key := []string{"-H", "x-api-key: key-ada"}
@@ -156,12 +119,16 @@ policies:
 	if res.Statuses["200"] != n {
 		t.Fatalf("statuses = %v", res.Statuses)
 	}
+	assertNotDegraded(t, replicas)
 	calls := (after["evalsha"] + after["eval"]) - (before["evalsha"] + before["eval"])
 	perThousand := float64(calls) / (n / 1000)
-	t.Logf("%d decisions in %v (%.0f per second per replica): %d script calls, %.1f per 1,000 (heartbeats included)",
+	t.Logf("%d decisions in %v (%.0f per second per replica): %d script calls, %.2f per 1,000 (heartbeats included)",
 		n, res.Elapsed.Round(time.Millisecond), res.Throughput/3, calls, perThousand)
-	if perThousand > 10 {
-		t.Fatalf("%.1f Redis calls per 1,000 decisions; want at most 10", perThousand)
+	// Per replica: at most two leases per 100ms and a heartbeat per
+	// second of the run, one more of each for the instants it straddles.
+	perReplica := int64(res.Elapsed/(50*time.Millisecond)) + int64(res.Elapsed/time.Second) + 2
+	if bound := 3 * perReplica; calls > bound {
+		t.Fatalf("%d Redis calls in %v; two leases per 100ms and a heartbeat per second on 3 replicas make at most %d", calls, res.Elapsed, bound)
 	}
 }
 
@@ -169,8 +136,7 @@ policies:
 // (its key gone) within the idle time plus the refill time.
 func TestHybridUnspentTokensComeBack(t *testing.T) {
 	srv := testredis.Start(t)
-	replicas := startReplicas(t, 3, redisConfig(srv.Addr, "hybrid", ordersFor("limit: 1000, window: 10s")))
-	waitPeers(t, replicas, 3)
+	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", ordersFor("limit: 1000, window: 10s")))
 	rdb := srv.Client()
 	ctx := context.Background()
 	counts := tally(t, drive(t, replicas, 300, 16, adaOrder))
@@ -183,9 +149,9 @@ func TestHybridUnspentTokensComeBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("right after the traffic Redis counts %.1f tokens in use for 300 admitted", used)
-	// 300 spent refill in 3s; slices idle out after 200ms. Allow a
-	// generous margin: real time is the point here.
-	deadline := time.Now().Add(3*time.Second + 200*time.Millisecond + 5*time.Second)
+	// 300 spent refill in 3s; slices idle out after local.slice_idle
+	// (1s). Allow a generous margin: real time is the point here.
+	deadline := time.Now().Add(3*time.Second + time.Second + 5*time.Second)
 	for rdb.Exists(ctx, key).Val() == 1 {
 		if time.Now().After(deadline) {
 			u, _ := rdb.HGet(ctx, key, "used").Float64()
@@ -205,7 +171,7 @@ func TestHybridUnspentTokensComeBack(t *testing.T) {
 // SIGTERM gives a replica's unspent tokens back to Redis.
 func TestHybridShutdownReturnsTokens(t *testing.T) {
 	srv := testredis.Start(t)
-	s := startSidecar(t, redisConfig(srv.Addr, "hybrid", ordersFor("limit: 10000, window: 1000h")))
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", ordersFor("limit: 10000, window: 1000h")))
 	rdb := srv.Client()
 	ctx := context.Background()
 	tally(t, drive(t, []*sidecar{s}, 500, 16, adaOrder))

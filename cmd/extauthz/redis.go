@@ -33,6 +33,7 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 // redisParts is everything that talks to Redis, in shutdown order.
 type redisParts struct {
 	client     redis.UniversalClient
+	probe      redis.UniversalClient
 	store      *quota.Store
 	peers      *quota.Peers
 	hybrid     *quota.Hybrid
@@ -58,13 +59,22 @@ func connectRedis(cfg *config.Config, cache *quota.Cache, m *metrics.Metrics, lo
 		Username: rc.Username,
 		Password: password,
 		// A decision never waits longer than the timeout; the store's
-		// breaker, not client retries, deals with failures.
+		// breaker, not client retries, deals with failures: one dial
+		// attempt, no command retries.
 		DialTimeout:           max(rc.Timeout*5, 100*time.Millisecond),
+		DialerRetries:         1,
 		ReadTimeout:           rc.Timeout,
 		WriteTimeout:          rc.Timeout,
 		ContextTimeoutEnabled: true,
 		MaxRetries:            -1,
-		ClientName:            "extauthz",
+		// A Cluster still follows MOVED and ASK, and tries another node
+		// after a failed one, but without sleeping between attempts.
+		MinRetryBackoff: -1,
+		MaxRetryBackoff: -1,
+		// A few connections dialled at start-up, so a first burst does
+		// not dial inside its decisions.
+		MinIdleConns: 4,
+		ClientName:   "extauthz",
 	}
 	if rc.TLS != nil {
 		tc, err := clientTLS(rc.TLS)
@@ -75,6 +85,12 @@ func connectRedis(cfg *config.Config, cache *quota.Cache, m *metrics.Metrics, lo
 	}
 	redis.SetLogger(redisLog{log.With("component", "go-redis")})
 	client := redis.NewUniversalClient(opts)
+	// The breaker's probe has a connection of its own (one per node), so
+	// a pool full of slow decisions never delays the verdict on Redis.
+	probeOpts := *opts
+	probeOpts.PoolSize, probeOpts.MinIdleConns = 1, 0
+	probeOpts.ClientName = "extauthz-probe"
+	probe := redis.NewUniversalClient(&probeOpts)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	err := client.Ping(ctx).Err()
@@ -84,6 +100,7 @@ func connectRedis(cfg *config.Config, cache *quota.Cache, m *metrics.Metrics, lo
 		log.Info("redis connected", "addrs", strings.Join(rc.Addrs, ","), "cluster", len(rc.Addrs) > 1)
 	case isAuthError(err):
 		client.Close()
+		probe.Close()
 		return nil, fmt.Errorf("redis %s refused the credentials (user %q, password from $%s): %v",
 			strings.Join(rc.Addrs, ","), rc.Username, rc.PasswordEnv, err)
 	default:
@@ -91,8 +108,8 @@ func connectRedis(cfg *config.Config, cache *quota.Cache, m *metrics.Metrics, lo
 			"addrs", strings.Join(rc.Addrs, ","), "error", err.Error())
 	}
 
-	p := &redisParts{client: client}
-	p.store = quota.NewStore(client, quota.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Metrics: m, Log: log})
+	p := &redisParts{client: client, probe: probe}
+	p.store = quota.NewStore(client, quota.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Probe: probe, Metrics: m, Log: log})
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if werr := p.store.Warm(ctx); werr != nil {
@@ -102,8 +119,8 @@ func connectRedis(cfg *config.Config, cache *quota.Cache, m *metrics.Metrics, lo
 	}
 	p.peers = quota.NewPeers(p.store, quota.ReplicaID(os.Getenv(ReplicaIDEnv)), cfg.Fallback.PeerTTL, cfg.Fallback.MinPeers, m, log)
 	p.hybrid = quota.NewHybrid(cache, p.store, p.peers, quota.HybridOptions{SliceIdle: cfg.Local.SliceIdle, Metrics: m, Log: log})
-	p.redisMode = quota.NewResilient(quota.NewRedis(p.store), cache, p.peers)
-	p.hybridMode = quota.NewResilient(p.hybrid, cache, p.peers)
+	p.redisMode = quota.NewResilient(quota.NewRedis(p.store), cache, p.peers, p.store)
+	p.hybridMode = quota.NewResilient(p.hybrid, cache, p.peers, p.store)
 	return p, nil
 }
 
@@ -131,4 +148,5 @@ func (p *redisParts) close(log *slog.Logger) {
 	if err := p.client.Close(); err != nil {
 		log.Warn("closing redis client", "error", err.Error())
 	}
+	p.probe.Close()
 }

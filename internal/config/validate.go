@@ -20,12 +20,12 @@ import (
 const (
 	DefaultGRPC       = "127.0.0.1:9001"
 	DefaultAdmin      = "127.0.0.1:9090"
-	DefaultTimeout    = 20 * time.Millisecond
+	DefaultTimeout    = quota.DefaultTimeout
 	DefaultKeyPrefix  = "rl:"
 	DefaultMaxKeys    = 100_000
 	DefaultSliceIdle  = time.Second
 	DefaultPeerTTL    = 15 * time.Second
-	DefaultMinPeers   = 1
+	DefaultMinPeers   = 2
 	DefaultKeyHeader  = "x-api-key"
 	minWindow         = time.Millisecond
 	maxWindow         = 366 * 24 * time.Hour

@@ -32,12 +32,15 @@ type Metrics struct {
 	ConfigPolicies prometheus.Gauge
 
 	// RedisCalls counts calls to Redis by operation (lease, return, peers,
-	// probe) and result (ok, error, timeout).
+	// an algorithm's script, confirm, probe) and result (ok, error,
+	// timeout, canceled, abandoned).
 	RedisCalls *prometheus.CounterVec
 	// RedisDuration is the time Redis calls take, by operation.
 	RedisDuration *prometheus.HistogramVec
 	// RedisUp is 1 while the store answers, 0 while it is marked down.
 	RedisUp prometheus.Gauge
+	// BreakerOpened counts the times the store was marked down.
+	BreakerOpened prometheus.Counter
 	// SlicesLeased counts hybrid lease calls that granted tokens;
 	// TokensLeased the tokens they granted.
 	SlicesLeased prometheus.Counter
@@ -87,7 +90,7 @@ func New(version string) *Metrics {
 	}
 	m.RedisCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "redis_calls_total",
-		Help: "Redis calls by operation and result (ok, error, timeout).",
+		Help: "Redis calls by operation and result (ok, error, timeout, canceled by the caller, abandoned when Redis was marked down).",
 	}, []string{"op", "result"})
 	m.RedisDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: Namespace, Name: "redis_call_duration_seconds",
@@ -97,6 +100,10 @@ func New(version string) *Metrics {
 	m.RedisUp = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "redis_up",
 		Help: "1 while Redis answers, 0 while the store is marked down.",
+	})
+	m.BreakerOpened = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "redis_breaker_opened_total",
+		Help: "Times Redis was marked down (a failed or stalled call, confirmed by a failed probe on its own connection).",
 	})
 	m.SlicesLeased = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "hybrid_slices_leased_total",
@@ -135,7 +142,7 @@ func New(version string) *Metrics {
 		m.TokensReturned.WithLabelValues(reason)
 	}
 	reg.MustRegister(m.Decisions, m.Checks, m.CheckDuration, m.ConfigReloads, m.ConfigPolicies, buildInfo,
-		m.RedisCalls, m.RedisDuration, m.RedisUp, m.SlicesLeased, m.TokensLeased, m.TokensReturned, m.LeaseWaits, m.Peers, m.Degraded,
+		m.RedisCalls, m.RedisDuration, m.RedisUp, m.BreakerOpened, m.SlicesLeased, m.TokensLeased, m.TokensReturned, m.LeaseWaits, m.Peers, m.Degraded,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -137,7 +137,7 @@ func TestFallbackKeepsTheAlgorithm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := NewResilient(failing{ErrStoreDown}, cache, fixedPeers(4))
+	r := NewResilient(failing{ErrStoreDown}, cache, fixedPeers(4), redisUp)
 	ctx := context.Background()
 	for _, a := range allAlgorithms {
 		l := Limit{Algorithm: a, Limit: 100, Window: time.Minute, Queue: -1, MaxDelay: 100 * time.Millisecond}

@@ -3,7 +3,6 @@ package quota
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -138,11 +137,12 @@ func TestSlidingWindowMatchesFormula(t *testing.T) {
 	const limit, prev = 100, 70
 	w := time.Minute
 	e := 15 * time.Second
-	// Admit while prev × (W − e)/W + cur + 1 ≤ limit.
-	weighted := prev * float64(w-e) / float64(w) // 52.5
-	want := int(math.Floor(limit - weighted))    // cur may reach 47
-	// The first rejection's wait: prev × (W − t)/W + want + 1 ≤ limit.
-	wantWait := time.Duration(float64(w)*(prev-(limit-float64(want)-1))/prev) - e
+	// Worked by hand: at 15s the previous window weighs 70 × 45/60 =
+	// 52.5, so cur may reach ⌊100 − 52.5⌋ = 47. The 48th fits once
+	// 70 × (60 − t)/60 + 48 ≤ 100, at t = 60 × 18/70 = 15.428571428…s:
+	// 428.571429ms (rounded up) after 15s.
+	const weighted, want = 52.5, 47
+	const wantWait = 428571429 * time.Nanosecond
 	for _, b := range backends(t) {
 		l := perMinute(SlidingWindow)
 		b.clk.Set(at(30 * time.Second))

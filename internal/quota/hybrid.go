@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"sync"
@@ -170,6 +171,12 @@ func (h *Hybrid) Take(ctx context.Context, key string, l Limit, now time.Time) (
 			}
 			sh = h.cache.Lock(key)
 			e.waiting--
+			if errors.Is(err, context.Canceled) && ctx.Err() == nil {
+				// The leasing request's caller went away, not ours: lease
+				// ourselves rather than fall back for a reason not our own.
+				e = entryLocked(sh, key)
+				continue
+			}
 			if err != nil {
 				sh.Unlock()
 				return Decision{}, err

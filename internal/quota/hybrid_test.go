@@ -177,8 +177,10 @@ func TestHybridSingleFlight(t *testing.T) {
 	calls := leaseCalls(r.m)
 	waits := testutil.ToFloat64(r.m.LeaseWaits)
 	t.Logf("64 concurrent first requests: %v lease calls, %v waited", calls, waits)
-	if calls > 4 {
-		t.Fatalf("%v lease calls for 64 concurrent misses on one key; want a handful", calls)
+	// The first request leases for itself alone (nobody waits yet); the
+	// others wait for it, and the next lease is sized for all of them.
+	if calls > 2 {
+		t.Fatalf("%v lease calls for 64 concurrent misses on one key; want at most 2", calls)
 	}
 }
 
@@ -214,7 +216,9 @@ func TestHybridDenialIsCached(t *testing.T) {
 	}
 }
 
-// A busy key far from its limit: at most 10 Redis calls per 1,000 decisions.
+// A busy key far from its limit: a slice covers a Horizon (100ms) of the
+// key's traffic, so at 5,000 decisions a second a slice is 500 tokens: two
+// Redis calls per 1,000 decisions.
 func TestHybridCallsPerThousand(t *testing.T) {
 	srv := testredis.Start(t)
 	clk := newClock()
@@ -234,9 +238,9 @@ func TestHybridCallsPerThousand(t *testing.T) {
 		}
 	}
 	perThousand := (leaseCalls(r.m) - before) / 10
-	t.Logf("%.1f Redis calls per 1,000 decisions", perThousand)
-	if perThousand > 10 {
-		t.Fatalf("%.1f Redis calls per 1,000 decisions; want at most 10", perThousand)
+	t.Logf("%.2f Redis calls per 1,000 decisions", perThousand)
+	if perThousand > 2 {
+		t.Fatalf("%.2f Redis calls per 1,000 decisions; a slice of 100ms at 5,000 a second makes 2", perThousand)
 	}
 }
 

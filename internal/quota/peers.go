@@ -29,30 +29,36 @@ func ReplicaID(base string) string {
 }
 
 // Peers counts the replicas that share Redis: each heartbeats its id into a
-// sorted set and reads how many were heard within the ttl. The count
-// survives an outage: while Redis is unreachable, Count keeps the last
-// observation rather than assuming this replica is alone. It also survives
-// Redis losing the set (a restart without persistence, a failover, a
-// flush): the others re-register one by one over a heartbeat interval, so
-// for one ttl Count keeps the last count if the rebuilt set is smaller.
-// Replicas heard before the loss were heard within the ttl, after all.
+// sorted set and reads how many were heard within the ttl.
+//
+// Count is what hybrid slices and the fallback divide by, so it errs high:
+// it is the highest count observed within the last ttl, not only the
+// latest. That keeps it through an outage (while Redis is unreachable the
+// last observation stands), through Redis losing the set (a restart without
+// persistence, a failover, a flush: the others re-register one by one over
+// a heartbeat interval), and through a replica leaving, for one ttl, which
+// is how long a replica that vanished without leaving is counted anyway.
+//
+// A replica's first heartbeat sees only the replicas that started before
+// it; in a rollout the others register within one heartbeat interval. Until
+// its second heartbeat, and before any heartbeat answered, Count is at
+// least minPeers.
 type Peers struct {
-	store *Store
-	id    string
-	ttl   time.Duration
-	every time.Duration
-	m     *metrics.Metrics
-	log   *slog.Logger
+	store    *Store
+	id       string
+	ttl      time.Duration
+	every    time.Duration
+	minPeers int64
+	m        *metrics.Metrics
+	log      *slog.Logger
 
 	count atomic.Int64
-	seen  atomic.Bool // a count was observed at least once
 	now   func() time.Time
 
-	// While the set is being rebuilt, until holdUntil, the count does not
-	// fall below held.
-	mu        sync.Mutex
-	held      int64
-	holdUntil time.Time
+	mu     sync.Mutex // guards the fields below
+	beats  int        // heartbeats answered
+	high   int64      // the highest count observed since highAt
+	highAt time.Time
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -62,14 +68,14 @@ type Peers struct {
 // NewPeers starts heartbeating id every min(1s, ttl/3). Until the first
 // heartbeat answers, Count returns minPeers.
 func NewPeers(store *Store, id string, ttl time.Duration, minPeers int, m *metrics.Metrics, log *slog.Logger) *Peers {
-	p := &Peers{store: store, id: id, ttl: ttl, every: min(time.Second, ttl/3), m: m, log: log, stop: make(chan struct{})}
+	p := &Peers{store: store, id: id, ttl: ttl, every: min(time.Second, ttl/3), minPeers: int64(max(minPeers, 1)), m: m, log: log, stop: make(chan struct{})}
 	p.every = max(p.every, 10*time.Millisecond)
 	p.now = time.Now
 	if store.opts.Clock != nil {
 		p.now = store.opts.Clock
 	}
-	p.count.Store(int64(max(minPeers, 1)))
-	m.Peers.Set(float64(p.count.Load()))
+	p.count.Store(p.minPeers)
+	m.Peers.Set(float64(p.minPeers))
 	p.Beat(context.Background())
 	p.wg.Add(1)
 	go p.loop()
@@ -79,7 +85,7 @@ func NewPeers(store *Store, id string, ttl time.Duration, minPeers int, m *metri
 // ID returns this replica's heartbeat id.
 func (p *Peers) ID() string { return p.id }
 
-// Count returns the number of replicas last observed, at least 1.
+// Count returns the number of replicas to assume (see Peers), at least 1.
 func (p *Peers) Count() int64 { return p.count.Load() }
 
 // Beat sends one heartbeat and updates the count.
@@ -91,21 +97,22 @@ func (p *Peers) Beat(ctx context.Context) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
-	if missing && p.seen.Load() {
-		// This replica had registered, yet its entry was gone: the set
-		// is being rebuilt. Hold the last count for one ttl.
-		p.held, p.holdUntil = p.count.Load(), now.Add(p.ttl)
-		p.log.Info("redis lost the heartbeat set; keeping the last replica count while peers re-register",
-			"peers", p.held, "for", p.ttl.String(), "replica", p.id)
+	p.beats++
+	if missing && p.beats > 1 {
+		p.log.Info("redis lost the heartbeat set; keeping the highest replica count of the last peer_ttl while peers re-register",
+			"peers", p.high, "for", p.ttl.String(), "replica", p.id)
 	}
-	if now.Before(p.holdUntil) {
-		n = max(n, p.held)
+	if n >= p.high || now.Sub(p.highAt) >= p.ttl {
+		p.high, p.highAt = n, now
 	}
-	if old := p.count.Swap(n); old != n || !p.seen.Load() {
-		p.log.Info("replicas observed through redis", "peers", n, "replica", p.id)
+	count := p.high
+	if p.beats < 2 {
+		count = max(count, p.minPeers)
 	}
-	p.seen.Store(true)
-	p.m.Peers.Set(float64(n))
+	if old := p.count.Swap(count); old != count || p.beats == 1 {
+		p.log.Info("replicas observed through redis", "peers", count, "heard", n, "replica", p.id)
+	}
+	p.m.Peers.Set(float64(count))
 }
 
 func (p *Peers) loop() {

@@ -197,35 +197,83 @@ func TestPeersSurviveALostSet(t *testing.T) {
 func TestPeers(t *testing.T) {
 	clk := newClock()
 	store, _, m := newTestStore(t, clk)
-	a := NewPeers(store, "a", 15*time.Second, 1, m, quiet)
+	const ttl = 15 * time.Second
+	a := NewPeers(store, "a", ttl, 1, m, quiet)
 	defer a.Close(context.Background())
 	if a.Count() != 1 {
 		t.Fatalf("alone: %d", a.Count())
 	}
-	b := NewPeers(store, "b", 15*time.Second, 1, m, quiet)
-	c := NewPeers(store, "c", 15*time.Second, 1, m, quiet)
+	b := NewPeers(store, "b", ttl, 1, m, quiet)
+	c := NewPeers(store, "c", ttl, 1, m, quiet)
 	a.Beat(context.Background())
 	if a.Count() != 3 {
 		t.Fatalf("three replicas: %d", a.Count())
 	}
-	c.Close(context.Background()) // leaves at once
+	// c leaves: the count is the highest of the last ttl, so it stays 3
+	// for one ttl (as long as a replica that vanished is counted), then 2.
+	c.Close(context.Background())
+	clk.Advance(time.Second)
+	b.Beat(context.Background())
+	a.Beat(context.Background())
+	if a.Count() != 3 {
+		t.Fatalf("1s after c left: %d, want the highest count of the last %v, 3", a.Count(), ttl)
+	}
+	clk.Advance(ttl)
+	b.Beat(context.Background())
 	a.Beat(context.Background())
 	if a.Count() != 2 {
-		t.Fatalf("after c left: %d", a.Count())
+		t.Fatalf("a ttl after c left: %d, want 2", a.Count())
 	}
-	// b falls silent: after the ttl it no longer counts.
+	// b falls silent: heard now, it counts for one ttl more; a's
+	// high-water of 2 is refreshed by every beat that hears 2.
 	b.Close(context.Background())
-	store.heartbeat(context.Background(), "b", 15*time.Second) // b's last beat, now
+	store.heartbeat(context.Background(), "b", ttl) // b's last beat, now
 	clk.Advance(10 * time.Second)
 	a.Beat(context.Background())
 	if a.Count() != 2 {
 		t.Fatalf("within b's ttl: %d", a.Count())
 	}
-	clk.Advance(6 * time.Second)
+	clk.Advance(6 * time.Second) // b expires from the set
+	a.Beat(context.Background())
+	if a.Count() != 2 {
+		t.Fatalf("b just expired, 6s after a last heard 2: %d, want 2", a.Count())
+	}
+	clk.Advance(ttl)
 	a.Beat(context.Background())
 	if a.Count() != 1 {
-		t.Fatalf("after b's ttl: %d", a.Count())
+		t.Fatalf("a ttl after b expired: %d, want 1", a.Count())
 	}
+}
+
+// A replica's first heartbeat sees only the replicas that started before
+// it, so until its second it assumes at least min_peers; from the second
+// on, what it hears.
+func TestPeersMinPeersUntilTheSecondHeartbeat(t *testing.T) {
+	clk := newClock()
+	store, _, m := newTestStore(t, clk)
+	a := NewPeers(store, "a", 15*time.Second, 2, m, quiet)
+	defer a.Close(context.Background())
+	if a.Count() != 2 {
+		t.Fatalf("first heartbeat, alone, min_peers 2: %d, want 2", a.Count())
+	}
+	clk.Advance(time.Second)
+	a.Beat(context.Background())
+	if a.Count() != 1 {
+		t.Fatalf("second heartbeat, alone: %d, want 1", a.Count())
+	}
+	b := NewPeers(store, "b", 15*time.Second, 5, m, quiet)
+	defer b.Close(context.Background())
+	if b.Count() != 5 {
+		t.Fatalf("first heartbeat of b hearing 2, min_peers 5: %d, want 5", b.Count())
+	}
+	clk.Advance(time.Second)
+	b.Beat(context.Background())
+	if b.Count() != 2 {
+		t.Fatalf("second heartbeat of b: %d, want the 2 it hears", b.Count())
+	}
+}
+
+func TestReplicaID(t *testing.T) {
 	if id := ReplicaID("pod-7"); len(id) != len("pod-7-")+8 || id[:6] != "pod-7-" {
 		t.Fatalf("ReplicaID = %q", id)
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -48,7 +47,7 @@ func newScript(src string) *redis.Script {
 }
 
 // ErrStoreDown is returned without calling Redis while the store is marked
-// down after consecutive failures.
+// down, and by calls abandoned when it was marked down while they waited.
 var ErrStoreDown = errors.New("quota: redis is marked down")
 
 // rediser is the part of a go-redis client the store uses, so a Client or
@@ -59,55 +58,89 @@ type rediser interface {
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 }
 
+// DefaultTimeout is the per-call timeout when StoreOptions leaves it zero.
+// Each call's timeout is also kept inside its caller's deadline (Envoy's
+// ext_authz timeout arrives as the gRPC deadline), with a tenth of what
+// remains left over to answer from the fallback.
+const DefaultTimeout = 150 * time.Millisecond
+
 // StoreOptions configures a Store.
 type StoreOptions struct {
 	Prefix  string        // key prefix, such as "rl:"
-	Timeout time.Duration // per call
+	Timeout time.Duration // per call (default DefaultTimeout)
 	Metrics *metrics.Metrics
 	Log     *slog.Logger
+	// Probe is a client with its own connections, used only to confirm
+	// that Redis is down and to learn that it is back, so a full decision
+	// pool never delays the verdict. Nil: the decision client.
+	Probe rediser
 	// Clock, for tests only, makes scripts use this time instead of Redis
 	// TIME. Production leaves it nil: every decision uses the Redis
 	// server's clock, never a replica's. Redis still expires keys on its
 	// own clock, so the algorithm scripts then keep keys a minute at least.
 	Clock func() time.Time
-	// TripAfter consecutive failures mark the store down (default 3).
-	TripAfter int
-	// ProbeEvery is how often a down store is probed (default 1s).
-	ProbeEvery time.Duration
+	// StallAfter, ProbeTimeout and ProbeEvery time the breaker (see the
+	// design note in breaker.go); zero means the Default constants.
+	StallAfter   time.Duration
+	ProbeTimeout time.Duration
+	ProbeEvery   time.Duration
 }
 
-// Store runs the limiter scripts against Redis. Every call has a deadline;
-// after TripAfter consecutive failures the store is marked down and calls
-// fail at once with ErrStoreDown, so no decision waits on an unreachable
-// Redis, while one probe per ProbeEvery tests whether it is back.
+// Store runs the limiter scripts against Redis. Every call has a deadline.
+// The breaker (breaker.go) marks the store down when Redis is unavailable;
+// calls then fail at once with ErrStoreDown, so no decision waits on an
+// unreachable Redis, while a probe tests whether it is back.
 type Store struct {
-	rdb  rediser
-	opts StoreOptions
+	rdb   rediser
+	probe rediser
+	opts  StoreOptions
 
-	failures atomic.Int32
 	down     atomic.Bool
+	outage   atomic.Pointer[outage] // canceled when the store is marked down
 	onChange atomic.Pointer[func(up bool)]
+
+	// The breaker's evidence: calls in flight, the last instant a call
+	// started with none pending or finished (unix ns), the last success,
+	// and whether a confirmation probe is running.
+	inflight atomic.Int64
+	progress atomic.Int64
+	lastOK   atomic.Int64
+	// verdict is closed when the running confirmation probe has decided;
+	// nil while none runs.
+	verdictMu sync.Mutex
+	verdict   chan struct{}
 
 	stop     chan struct{}
 	stopOnce sync.Once
+	closed   atomic.Bool
 	wg       sync.WaitGroup
 }
 
-// NewStore returns a Store using rdb and starts its probe loop; Close stops it.
+// NewStore returns a Store using rdb and starts its watch; Close stops it.
 func NewStore(rdb rediser, opts StoreOptions) *Store {
-	if opts.TripAfter <= 0 {
-		opts.TripAfter = 3
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.StallAfter <= 0 {
+		opts.StallAfter = DefaultStallAfter
+	}
+	if opts.ProbeTimeout <= 0 {
+		opts.ProbeTimeout = DefaultProbeTimeout
 	}
 	if opts.ProbeEvery <= 0 {
-		opts.ProbeEvery = time.Second
+		opts.ProbeEvery = DefaultProbeEvery
 	}
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	s := &Store{rdb: rdb, opts: opts, stop: make(chan struct{})}
+	if opts.Probe == nil {
+		opts.Probe = rdb
+	}
+	s := &Store{rdb: rdb, probe: opts.Probe, opts: opts, stop: make(chan struct{})}
+	s.outage.Store(newOutage())
 	opts.Metrics.RedisUp.Set(1)
 	s.wg.Add(1)
-	go s.probeLoop()
+	go s.watch()
 	return s
 }
 
@@ -123,8 +156,9 @@ func (s *Store) Warm(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the probe loop. It does not close the client.
+// Close stops the watch. It does not close the clients.
 func (s *Store) Close() {
+	s.closed.Store(true)
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.wg.Wait()
 }
@@ -152,86 +186,78 @@ func (s *Store) nowArg(unit time.Duration) string {
 	return strconv.FormatInt(s.opts.Clock().UnixNano()/int64(unit), 10)
 }
 
+// timeout is a call's deadline: the store's timeout, kept inside the
+// caller's own deadline with a tenth of the remainder left to answer.
+func (s *Store) timeout(ctx context.Context, now time.Time) time.Duration {
+	t := s.opts.Timeout
+	if dl, ok := ctx.Deadline(); ok {
+		left := dl.Sub(now)
+		t = min(t, left-left/10)
+	}
+	return t
+}
+
 // run calls a script with the store's deadline, breaker and metrics.
 func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys []string, args ...any) (any, error) {
+	o := s.outage.Load()
 	if s.down.Load() {
 		return nil, ErrStoreDown
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	start := time.Now()
-	v, err := script.Run(ctx, s.rdb, keys, args...).Result()
-	cancel()
-	s.opts.Metrics.RedisDuration.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	s.observe(op, err)
-	return v, err
-}
-
-// observe counts a call's result and moves the breaker.
-func (s *Store) observe(op string, err error) {
+	t := s.timeout(ctx, start)
+	if t <= 0 {
+		return nil, context.DeadlineExceeded // the caller's budget is spent; Redis is not to blame
+	}
+	// The call runs on its own goroutine so that it can be abandoned when
+	// the store is marked down: go-redis ends a call at its context's
+	// deadline, not when the context is canceled.
+	res := make(chan result, 1)
+	s.begin(start.UnixNano())
+	go func() {
+		callCtx, cancel := context.WithTimeout(ctx, t)
+		v, err := script.Run(callCtx, s.rdb, keys, args...).Result()
+		cancel()
+		s.end(time.Now().UnixNano(), err == nil)
+		res <- result{v, err}
+	}()
+	var v any
+	var err error
+	select {
+	case r := <-res:
+		v, err = r.v, r.err
+	case <-o.ctx.Done():
+		err = o.ctx.Err()
+	}
+	done := time.Now()
+	s.opts.Metrics.RedisDuration.WithLabelValues(op).Observe(done.Sub(start).Seconds())
 	switch {
 	case err == nil:
 		s.opts.Metrics.RedisCalls.WithLabelValues(op, "ok").Inc()
-		s.failures.Store(0)
-		return
-	case isTimeout(err):
-		s.opts.Metrics.RedisCalls.WithLabelValues(op, "timeout").Inc()
-	default:
+	case o.ctx.Err() != nil:
+		s.opts.Metrics.RedisCalls.WithLabelValues(op, "abandoned").Inc()
+		err = ErrStoreDown
+	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// The caller went away; that says nothing about Redis.
+		s.opts.Metrics.RedisCalls.WithLabelValues(op, "canceled").Inc()
+	case !unavailable(err):
+		// Redis answered, with an error about this key or script.
 		s.opts.Metrics.RedisCalls.WithLabelValues(op, "error").Inc()
+	default:
+		s.opts.Metrics.RedisCalls.WithLabelValues(op, resultOf(err)).Inc()
+		s.suspect(err)
 	}
-	if int(s.failures.Add(1)) >= s.opts.TripAfter && s.down.CompareAndSwap(false, true) {
-		s.opts.Log.Warn("redis marked down; policies follow on_redis_error", "after_failures", s.opts.TripAfter, "error", err.Error())
-		s.opts.Metrics.RedisUp.Set(0)
-		s.notify(false)
-	}
+	return v, err
+}
+
+// result is a script call's reply.
+type result struct {
+	v   any
+	err error
 }
 
 func (s *Store) notify(up bool) {
 	if fn := s.onChange.Load(); fn != nil {
 		(*fn)(up)
-	}
-}
-
-func isTimeout(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
-}
-
-// probeLoop tests a down store once per ProbeEvery and marks it up when it
-// answers. The probe is a key command, not PING: a Redis Cluster that has
-// lost a master still answers PING but refuses keys with CLUSTERDOWN.
-func (s *Store) probeLoop() {
-	defer s.wg.Done()
-	t := time.NewTicker(s.opts.ProbeEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-		}
-		if !s.down.Load() {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.Timeout, 100*time.Millisecond))
-		err := s.rdb.Exists(ctx, s.peersKey()).Err()
-		cancel()
-		if err != nil {
-			s.opts.Metrics.RedisCalls.WithLabelValues("probe", "error").Inc()
-			continue
-		}
-		s.opts.Metrics.RedisCalls.WithLabelValues("probe", "ok").Inc()
-		s.failures.Store(0)
-		if s.down.CompareAndSwap(true, false) {
-			wctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			s.Warm(wctx) // a restarted Redis has an empty script cache
-			cancel()
-			s.opts.Log.Info("redis is back; policies return to their mode")
-			s.opts.Metrics.RedisUp.Set(1)
-			s.notify(true)
-		}
 	}
 }
 

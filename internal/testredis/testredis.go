@@ -155,6 +155,12 @@ func (s *Server) Thaw() { s.cmd.Process.Signal(syscall.SIGCONT) }
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Kill()
+	s.Revive()
+}
+
+// Revive starts an empty server on the port of a killed one.
+func (s *Server) Revive() {
+	s.t.Helper()
 	var err error
 	for attempt := 0; attempt < 50; attempt++ {
 		if err = s.start(); err == nil {

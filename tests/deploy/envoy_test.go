@@ -294,8 +294,8 @@ func checkHCM(p *problems, name string, b *bootstrapv3.Bootstrap, h *hcmv3.HttpC
 	if gs.GetTimeout() == nil || timeout <= 0 || timeout > maxCheckTimeout {
 		p.add("%s: ext_authz grpc_service.timeout is %v, want set and at most %v", name, timeout, maxCheckTimeout)
 	}
-	if rt := sc.redisTimeout(); sc.usesRedis() && timeout <= 2*rt {
-		p.add("%s: ext_authz timeout %v leaves no room for extauthz's Redis timeout %v", name, timeout, rt)
+	if sc.usesRedis() && timeout <= breakerVerdict {
+		p.add("%s: ext_authz timeout %v leaves extauthz no time to tell a frozen Redis (%v) and answer from its fallback", name, timeout, breakerVerdict)
 	}
 	clusterName := gs.GetEnvoyGrpc().GetClusterName()
 	if clusterName == "" {

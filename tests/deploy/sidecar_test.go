@@ -51,18 +51,12 @@ func parseSidecarConfig(data []byte) (*sidecarConfig, error) {
 	return &c, nil
 }
 
-// redisTimeout is the per-call Redis timeout, 20ms when not given (the
-// loader's default, SPEC §4).
-func (c *sidecarConfig) redisTimeout() time.Duration {
-	if c.Redis == nil || c.Redis.Timeout == "" {
-		return 20 * time.Millisecond
-	}
-	d, err := time.ParseDuration(c.Redis.Timeout)
-	if err != nil {
-		return 0 // the loader reports it
-	}
-	return d
-}
+// breakerVerdict is the longest extauthz takes to mark a frozen Redis down
+// (internal/quota/breaker.go: a 50ms stall, a 25ms watch tick and a
+// 100ms probe); a decision in flight then falls back at once. Envoy's
+// ext_authz timeout must be longer, or such decisions become Envoy's
+// failure_mode answer instead of extauthz's fallback.
+const breakerVerdict = 175 * time.Millisecond
 
 // usesClaims reports whether any policy keys on a JWT claim.
 func (c *sidecarConfig) usesClaims() bool {

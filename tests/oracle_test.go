@@ -1,0 +1,184 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+
+	"github.com/extauthz/extauthz/internal/testredis"
+)
+
+// The accuracy oracle: many keys over their limit for seconds, on three
+// replicas at the defaults, compared key by key with one exact token
+// bucket fed the same arrivals.
+//
+// Each request's decision happened somewhere between when it was sent and
+// when its answer came back, at an instant the test cannot see. So the
+// oracle runs twice per key: fed the send times it admits a lower bound of
+// what an exact limiter admits, fed the answer times an upper bound (it
+// sees every refill the decisions could have seen). An exact limiter lands
+// in between: admitting more than the upper bound is wrongly allowing;
+// fewer than the lower bound, wrongly limiting.
+const (
+	oracleKeys     = 100
+	oracleLimit    = 60                      // per minute: a token a second
+	oracleBurst    = 10                      // spent in the first half second, so every key is over its limit for the whole run
+	oracleRun      = 5200 * time.Millisecond // over the limit for at least 5s
+	oracleWorkers  = 32
+	oracleMaxCalls = 200_000 // a bound on the loop whatever the machine's speed
+)
+
+var oraclePolicy = fmt.Sprintf(`
+policies:
+  - {name: users, key: ["header:x-user"], limit: %d, window: 1m, burst: %d}
+`, oracleLimit, oracleBurst)
+
+// arrival is one request of the oracle run.
+type arrival struct {
+	key        int
+	sent, back time.Duration // since the run began
+	allowed    bool
+}
+
+// exactAdmits is the exact token bucket (capacity oracleBurst, a token per
+// window/limit, full at the start) fed the given instants in order: how
+// many it admits.
+func exactAdmits(at []time.Duration) int {
+	interval := time.Minute / oracleLimit
+	tokens, last, admitted := float64(oracleBurst), time.Duration(0), 0
+	for _, t := range at {
+		tokens = min(float64(oracleBurst), tokens+float64(t-last)/float64(interval))
+		last = t
+		if tokens >= 1 {
+			tokens--
+			admitted++
+		}
+	}
+	return admitted
+}
+
+func TestAccuracyOracle(t *testing.T) {
+	for _, mode := range []string{"redis", "hybrid"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := testredis.Start(t)
+			replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, mode, oraclePolicy))
+			runOracle(t, replicas)
+			assertNotDegraded(t, replicas)
+		})
+	}
+}
+
+// The same with every replica CPU-throttled (frozen 40ms of every 100ms).
+func TestAccuracyOracleCPUThrottled(t *testing.T) {
+	for _, mode := range []string{"redis", "hybrid"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := testredis.Start(t)
+			replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, mode, oraclePolicy))
+			stop := throttle(t, replicas, 40*time.Millisecond, 100*time.Millisecond)
+			runOracle(t, replicas)
+			stop()
+			assertNotDegraded(t, replicas)
+		})
+	}
+}
+
+// runOracle drives the keys for oracleRun and compares every key with the
+// exact bucket.
+func runOracle(t *testing.T, replicas []*sidecar) {
+	t.Helper()
+	reqs := make([]*authv3.CheckRequest, oracleKeys)
+	for k := range reqs {
+		reqs[k] = envoyRequest{path: "/", headers: [][2]string{{"x-user", fmt.Sprintf("user-%03d", k)}}}.build()
+	}
+	var (
+		mu       sync.Mutex
+		arrivals []arrival
+		calls    atomic.Int64
+		wg       sync.WaitGroup
+		failed   atomic.Value
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), oracleRun+time.Minute)
+	defer cancel()
+	begin := time.Now()
+	for w := 0; w < oracleWorkers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for time.Since(begin) < oracleRun {
+				n := calls.Add(1)
+				if n > oracleMaxCalls {
+					return
+				}
+				k := rng.IntN(oracleKeys)
+				sent := time.Since(begin)
+				resp, err := replicas[int(n)%len(replicas)].Client.Check(ctx, reqs[k])
+				back := time.Since(begin)
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				st := httpStatus(resp)
+				if st != 200 && st != 429 {
+					failed.Store(fmt.Errorf("status %d", st))
+					return
+				}
+				mu.Lock()
+				arrivals = append(arrivals, arrival{key: k, sent: sent, back: back, allowed: st == 200})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		t.Fatalf("oracle run: %v", err)
+	}
+	elapsed := time.Since(begin)
+
+	perKey := make([][]arrival, oracleKeys)
+	for _, a := range arrivals {
+		perKey[a.key] = append(perKey[a.key], a)
+	}
+	var admitted, lower, upper, wronglyAllowed, wronglyLimited int
+	for k, as := range perKey {
+		sent := make([]time.Duration, len(as))
+		back := make([]time.Duration, len(as))
+		got := 0
+		for i, a := range as {
+			sent[i], back[i] = a.sent, a.back
+			if a.allowed {
+				got++
+			}
+		}
+		slices.Sort(sent)
+		slices.Sort(back)
+		lo, hi := exactAdmits(sent), exactAdmits(back)
+		if got > hi {
+			wronglyAllowed += got - hi
+			t.Errorf("key %d: admitted %d of %d; an exact bucket admits at most %d", k, got, len(as), hi)
+		}
+		if got < lo {
+			wronglyLimited += lo - got
+		}
+		admitted, lower, upper = admitted+got, lower+lo, upper+hi
+	}
+	share := 100 * float64(wronglyLimited) / float64(lower)
+	t.Logf("%d requests to %d keys in %v: admitted %d; an exact bucket per key admits %d to %d; wrongly allowed %d, wrongly limited %d (%.2f%%)",
+		len(arrivals), oracleKeys, elapsed.Round(time.Millisecond), admitted, lower, upper, wronglyAllowed, wronglyLimited, share)
+	if min(len(perKey[0]), len(perKey[oracleKeys-1])) < 3*oracleBurst {
+		t.Fatalf("too few requests per key (%d) to keep every key over its limit", len(perKey[0]))
+	}
+	if wronglyAllowed != 0 {
+		t.Fatalf("%d requests wrongly allowed", wronglyAllowed)
+	}
+	if share > 1 {
+		t.Fatalf("%.2f%% of what an exact limiter admits was wrongly limited; want at most 1%%", share)
+	}
+}
