@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test lint fuzz redis-server bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down demo
+.PHONY: all build run test test-unit lint fuzz redis-server bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down demo
 IMAGE   ?= extauthz:dev
 
 # go-control-plane ships generated marshallers (vtprotobuf) behind this
@@ -21,10 +21,15 @@ build:
 run:
 	$(GO) run ./cmd/extauthz
 
-# The whole suite: formatting, vet, unit tests and the end-to-end tests that
-# build the binary and start their own redis-server processes.
+# The whole suite: formatting, vet, tidiness, unit tests and the end-to-end
+# tests that build the binary and start their own redis-server processes.
 test: redis-server lint test-deploy fuzz
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+# The fast lane: the product packages' own tests, in seconds, with no Redis
+# and no binary to build (everything that needs them lives under tests/).
+test-unit:
+	$(GO) test -count=1 ./cmd/... ./internal/...
 
 # Every native fuzz target under internal/, each for FUZZTIME (go test
 # takes one -fuzz target per run). Failing inputs land in the package's
@@ -45,6 +50,8 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) mod tidy -diff
+	cd tests/deploy && $(GO) mod tidy -diff
 
 # Tests start redis-server themselves; install it where missing (Debian).
 redis-server:
@@ -58,9 +65,10 @@ redis-server:
 bench: redis-server
 	$(GO) run ./tests/bench
 
-# In-process microbenchmarks (ns/op, allocs/op).
+# In-process microbenchmarks (ns/op, allocs/op); the hybrid slice's needs
+# a redis-server to lease from.
 bench-micro: redis-server
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./internal/...
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./internal/... ./tests/quota
 
 # Deployment files against their real schemas; needs no Docker or cluster.
 # tests/deploy is a module of its own, so Kubernetes and Istio types stay out

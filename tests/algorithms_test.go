@@ -12,7 +12,7 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/config"
 )
 
 func algorithmRequest(alg, key string) func(int) *authv3.CheckRequest {
@@ -112,7 +112,7 @@ func testLeakyBucketShapes(t *testing.T, replicas []*sidecar, rdb *redis.Client)
 	}
 	// A held OK spends its Redis call (at most the call timeout) and its
 	// hold (at most max_delay).
-	if bound := maxDelay + quota.DefaultTimeout; slowest > bound {
+	if bound := maxDelay + config.DefaultTimeout; slowest > bound {
 		t.Fatalf("an OK took %v; a Redis call and a hold take at most %v", slowest, bound)
 	}
 	assertKeyExpires(t, rdb, "leaky_bucket", "ada", 10*time.Second)

@@ -10,7 +10,7 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/extauthz/extauthz/internal/testredis"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 // clusterConfig is defaultsConfig for a Cluster.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/extauthz/extauthz/internal/testredis"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 // The tests in this file run what users run: the shipped defaults (no

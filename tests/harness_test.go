@@ -23,7 +23,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/extauthz/extauthz/internal/loadgen"
+	"github.com/extauthz/extauthz/tests/internal/loadgen"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )

@@ -15,7 +15,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/extauthz/extauthz/internal/testredis"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 const reloadBase = `

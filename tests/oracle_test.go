@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,7 +11,7 @@ import (
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 
-	"github.com/extauthz/extauthz/internal/testredis"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 // The accuracy oracle: many keys over their limit for seconds, on three
@@ -20,12 +19,18 @@ import (
 // bucket fed the same arrivals.
 //
 // Each request's decision happened somewhere between when it was sent and
-// when its answer came back, at an instant the test cannot see. So the
-// oracle runs twice per key: fed the send times it admits a lower bound of
-// what an exact limiter admits, fed the answer times an upper bound (it
-// sees every refill the decisions could have seen). An exact limiter lands
-// in between: admitting more than the upper bound is wrongly allowing;
-// fewer than the lower bound, wrongly limiting.
+// when its answer came back, at an instant the test cannot see, so the
+// exact bucket's count is known within bounds. Every key is over its limit
+// the whole run (a request every few tens of milliseconds against a token
+// a second), so an exact bucket, full when its key's first decision made
+// it, admits its burst plus one token per interval between its first and
+// its last decision: burst + ⌊(last − first)/interval⌋, the last token
+// taken by the next arrival after it is due. With the first decision
+// somewhere in [first sent, first answered] and the last in [last sent,
+// last answered], that count lies between burst + ⌊(last sent − first
+// answered)/interval⌋ and burst + ⌊(last answered − first sent)/interval⌋.
+// Admitting more than the upper bound is wrongly allowing; fewer than the
+// lower bound, wrongly limiting.
 const (
 	oracleKeys     = 100
 	oracleLimit    = 60                      // per minute: a token a second
@@ -47,21 +52,16 @@ type arrival struct {
 	allowed    bool
 }
 
-// exactAdmits is the exact token bucket (capacity oracleBurst, a token per
-// window/limit, full at the start) fed the given instants in order: how
-// many it admits.
-func exactAdmits(at []time.Duration) int {
+// exactBounds is what an exact bucket admits for a key over its limit
+// from its first to its last arrival (see the note above).
+func exactBounds(as []arrival) (lo, hi int) {
 	interval := time.Minute / oracleLimit
-	tokens, last, admitted := float64(oracleBurst), time.Duration(0), 0
-	for _, t := range at {
-		tokens = min(float64(oracleBurst), tokens+float64(t-last)/float64(interval))
-		last = t
-		if tokens >= 1 {
-			tokens--
-			admitted++
-		}
+	firstSent, firstBack, lastSent, lastBack := as[0].sent, as[0].back, as[0].sent, as[0].back
+	for _, a := range as {
+		firstSent, firstBack = min(firstSent, a.sent), min(firstBack, a.back)
+		lastSent, lastBack = max(lastSent, a.sent), max(lastBack, a.back)
 	}
-	return admitted
+	return oracleBurst + int(max(lastSent-firstBack, 0)/interval), oracleBurst + int((lastBack-firstSent)/interval)
 }
 
 func TestAccuracyOracle(t *testing.T) {
@@ -148,18 +148,13 @@ func runOracle(t *testing.T, replicas []*sidecar) {
 	}
 	var admitted, lower, upper, wronglyAllowed, wronglyLimited int
 	for k, as := range perKey {
-		sent := make([]time.Duration, len(as))
-		back := make([]time.Duration, len(as))
 		got := 0
-		for i, a := range as {
-			sent[i], back[i] = a.sent, a.back
+		for _, a := range as {
 			if a.allowed {
 				got++
 			}
 		}
-		slices.Sort(sent)
-		slices.Sort(back)
-		lo, hi := exactAdmits(sent), exactAdmits(back)
+		lo, hi := exactBounds(as)
 		if got > hi {
 			wronglyAllowed += got - hi
 			t.Errorf("key %d: admitted %d of %d; an exact bucket admits at most %d", k, got, len(as), hi)

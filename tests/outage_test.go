@@ -14,13 +14,13 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/extauthz/extauthz/internal/quota"
-	"github.com/extauthz/extauthz/internal/testredis"
+	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 // The Redis call timeout at the defaults: a decision that waited on Redis
 // takes at least this long.
-const defaultRedisTimeout = quota.DefaultTimeout
+const defaultRedisTimeout = config.DefaultTimeout
 
 // openWithin is the guarantee for a real outage: the breaker opens within
 // 250ms of Redis dying or freezing.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/extauthz/extauthz/internal/testredis"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 func startReplicas(t *testing.T, n int, cfg string) []*sidecar {

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/extauthz/extauthz/internal/testcerts"
-	"github.com/extauthz/extauthz/internal/testredis"
+	"github.com/extauthz/extauthz/tests/internal/testcerts"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 // runToExit runs `extauthz serve` on cfg expecting it to fail at start-up,

@@ -8,11 +8,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/config"
-	"github.com/extauthz/extauthz/internal/metrics"
 	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/local"
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
 )
 
 // ReplicaIDEnv names this replica in Redis heartbeats (feed it the pod name
@@ -34,9 +36,10 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 type redisParts struct {
 	client     redis.UniversalClient
 	probe      redis.UniversalClient
-	store      *quota.Store
-	peers      *quota.Peers
-	hybrid     *quota.Hybrid
+	store      *redisstore.Store
+	table      *redisstore.Table
+	peers      *redisstore.Peers
+	hybrid     *redisstore.Hybrid
 	redisMode  quota.Limiter
 	hybridMode quota.Limiter
 }
@@ -44,7 +47,7 @@ type redisParts struct {
 // connectRedis builds the client and the Redis-backed limiters. An
 // unreachable Redis is not fatal: policies follow on_redis_error until it
 // answers. A refused password is, because it will not fix itself.
-func connectRedis(cfg *config.Config, cache *quota.Cache, m *metrics.Metrics, log *slog.Logger) (*redisParts, error) {
+func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Registerer, log *slog.Logger) (*redisParts, error) {
 	rc := cfg.Redis
 	password := ""
 	if rc.PasswordEnv != "" {
@@ -93,9 +96,9 @@ func connectRedis(cfg *config.Config, cache *quota.Cache, m *metrics.Metrics, lo
 	probe := redis.NewUniversalClient(&probeOpts)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	err := client.Ping(ctx).Err()
+	pingErr := client.Ping(ctx).Err()
 	cancel()
-	switch {
+	switch err := pingErr; {
 	case err == nil:
 		log.Info("redis connected", "addrs", strings.Join(rc.Addrs, ","), "cluster", len(rc.Addrs) > 1)
 	case isAuthError(err):
@@ -108,19 +111,24 @@ func connectRedis(cfg *config.Config, cache *quota.Cache, m *metrics.Metrics, lo
 			"addrs", strings.Join(rc.Addrs, ","), "error", err.Error())
 	}
 
-	p := &redisParts{client: client, probe: probe}
-	p.store = quota.NewStore(client, quota.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Probe: probe, Metrics: m, Log: log})
-	if err == nil {
+	table, err := redisstore.NewTable(cfg.Local.MaxKeys)
+	if err != nil {
+		return nil, err
+	}
+	p := &redisParts{client: client, probe: probe, table: table}
+	p.store = redisstore.NewStore(client, redisstore.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Probe: probe, Metrics: redisstore.NewMetrics(reg), Log: log})
+	if pingErr == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if werr := p.store.Warm(ctx); werr != nil {
 			log.Warn("loading scripts into redis", "error", werr.Error())
 		}
 		cancel()
 	}
-	p.peers = quota.NewPeers(p.store, quota.ReplicaID(os.Getenv(ReplicaIDEnv)), cfg.Fallback.PeerTTL, cfg.Fallback.MinPeers, m, log)
-	p.hybrid = quota.NewHybrid(cache, p.store, p.peers, quota.HybridOptions{SliceIdle: cfg.Local.SliceIdle, Metrics: m, Log: log})
-	p.redisMode = quota.NewResilient(quota.NewRedis(p.store), cache, p.peers, p.store)
-	p.hybridMode = quota.NewResilient(p.hybrid, cache, p.peers, p.store)
+	p.peers = redisstore.NewPeers(p.store, redisstore.ReplicaID(os.Getenv(ReplicaIDEnv)), cfg.Fallback.PeerTTL, cfg.Fallback.MinPeers, log)
+	p.hybrid = redisstore.NewHybrid(table, p.store, p.peers, redisstore.HybridOptions{SliceIdle: cfg.Local.SliceIdle, Log: log})
+	fallback := local.NewFallback(counts)
+	p.redisMode = redisstore.NewResilient(redisstore.NewRedis(p.store, table), table, fallback, p.peers, p.store)
+	p.hybridMode = redisstore.NewResilient(p.hybrid, table, fallback, p.peers, p.store)
 	return p, nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -25,8 +26,10 @@ import (
 
 	"github.com/extauthz/extauthz/internal/check"
 	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/engine"
+	"github.com/extauthz/extauthz/internal/gctune"
 	"github.com/extauthz/extauthz/internal/metrics"
-	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/local"
 )
 
 // ConfigEnv names the configuration file when -config is not given.
@@ -92,7 +95,7 @@ func runServe(e env, args []string) (int, error) {
 		log.Warn("config warning", "source", cfg.Source, "warning", w)
 	}
 
-	log.Debug("garbage collector", "gogc", check.TuneGC())
+	log.Debug("garbage collector", "gogc", gctune.Apply())
 	s, err := newSidecar(cfg, f, log)
 	if err != nil {
 		return 1, err
@@ -119,7 +122,8 @@ func newLogger(e env, format, level string) (*slog.Logger, error) {
 type sidecar struct {
 	flags   serveFlags
 	log     *slog.Logger
-	metrics *metrics.Metrics
+	reg     *prometheus.Registry
+	reloads *prometheus.CounterVec // configuration reloads by result
 	checks  *check.Server
 	grpc    *grpc.Server
 	health  *health.Server
@@ -129,23 +133,32 @@ type sidecar struct {
 }
 
 func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, error) {
-	m := metrics.New(buildVersion())
-	cache, err := quota.NewCache(cfg.Local.MaxKeys)
+	reg := metrics.New(buildVersion())
+	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metrics.Namespace, Name: "config_reloads_total",
+		Help: "Configuration reloads by result (success, failure).",
+	}, []string{"result"})
+	reloads.WithLabelValues("success")
+	reloads.WithLabelValues("failure")
+	reg.MustRegister(reloads)
+	counts, err := local.NewTable(cfg.Local.MaxKeys)
 	if err != nil {
 		return nil, err
 	}
-	m.RegisterCache(cache)
-	limiters := check.Limiters{config.ModeLocal: quota.NewLocal(cache)}
-	s := &sidecar{flags: f, log: log, metrics: m, health: health.NewServer()}
+	tables := map[string]metrics.TableStats{"counts": counts}
+	limiters := engine.Limiters{config.ModeLocal: local.New(counts)}
+	s := &sidecar{flags: f, log: log, reg: reg, reloads: reloads, health: health.NewServer()}
 	if cfg.Redis != nil {
-		s.redis, err = connectRedis(cfg, cache, m, log)
+		s.redis, err = connectRedis(cfg, counts, reg, log)
 		if err != nil {
 			return nil, err
 		}
+		tables["redis"] = s.redis.table
 		limiters[config.ModeRedis] = s.redis.redisMode
 		limiters[config.ModeHybrid] = s.redis.hybridMode
 	}
-	srv, err := check.New(cfg, limiters, m, check.WithDecisionLog(log, f.sampleLog))
+	metrics.Tables(reg, tables)
+	srv, err := check.New(cfg, limiters, engine.NewMetrics(reg), check.WithDecisionLog(log, f.sampleLog))
 	if err != nil {
 		s.redis.close(log)
 		return nil, err
@@ -274,11 +287,11 @@ func (s *sidecar) reload(why string) {
 		warnRestartOnly(s.log, running, cfg)
 	}
 	if err != nil {
-		s.metrics.ConfigReloads.WithLabelValues("failure").Inc()
+		s.reloads.WithLabelValues("failure").Inc()
 		s.log.Error("reload failed; keeping the running configuration", "trigger", why, "error", err.Error())
 		return
 	}
-	s.metrics.ConfigReloads.WithLabelValues("success").Inc()
+	s.reloads.WithLabelValues("success").Inc()
 	s.log.Info("configuration reloaded", "trigger", why, "config", src, "policies", len(cfg.Policies))
 }
 
@@ -337,7 +350,7 @@ func (s *sidecar) shutdown(sigs <-chan os.Signal) int {
 
 func (s *sidecar) adminMux() *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", s.metrics.Handler())
+	mux.Handle("/metrics", metrics.Handler(s.reg))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})

@@ -8,7 +8,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/extauthz/extauthz/internal/config"
-	"github.com/extauthz/extauthz/internal/quota"
 )
 
 func init() {
@@ -114,7 +113,7 @@ func describeLimit(cfg *config.Config, p config.Policy) string {
 	if p.Burst != 0 && p.Burst != p.Limit {
 		s += fmt.Sprintf(" burst %d", p.Burst)
 	}
-	if p.Algorithm == quota.LeakyBucket {
+	if p.Algorithm == config.LeakyBucket {
 		s += fmt.Sprintf(" hold ≤%s", p.MaxDelay)
 		if p.Queue > 0 {
 			s += fmt.Sprintf(" queue %d", p.Queue)

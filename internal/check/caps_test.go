@@ -12,12 +12,11 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/engine"
 	"github.com/extauthz/extauthz/internal/identity"
-	"github.com/extauthz/extauthz/internal/metrics"
-	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/local"
 )
 
 func problemOf(t *testing.T, r *authv3.CheckResponse) map[string]any {
@@ -56,7 +55,7 @@ policies:
 	if n := f.cache.Len(); n != 0 {
 		t.Fatalf("over-long keys created %d cache entries", n)
 	}
-	if got := testutil.ToFloat64(f.m.Checks.WithLabelValues(OutcomeUnauthorized)); got != 3 {
+	if got := testutil.ToFloat64(f.m.Checks.WithLabelValues(engine.Unauthorized.String())); got != 3 {
 		t.Fatalf("unauthorized outcomes = %v, want 3", got)
 	}
 	if r := f.check(RequestSpec{Headers: map[string]string{"x-api-key": long}}); !allowed(r) {
@@ -74,18 +73,18 @@ func manyPolicies(n int) string {
 	return b.String()
 }
 
-// A request matching more than MaxPoliciesPerRequest policies gets a 500
+// A request matching more than engine.MaxPoliciesPerRequest policies gets a 500
 // problem naming the cause, before any quota is taken; the first is logged
 // as a warning, once per configuration, and each counts as outcome error.
 func TestPoliciesMatchedCap(t *testing.T) {
-	cfg, err := config.Parse([]byte(manyPolicies(MaxPoliciesPerRequest+1)), "many.yaml")
+	cfg, err := config.Parse([]byte(manyPolicies(engine.MaxPoliciesPerRequest+1)), "many.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache, _ := quota.NewCache(1000)
+	cache, _ := local.NewTable(1000)
 	var logs bytes.Buffer
-	m := metrics.New("test")
-	srv, err := New(cfg, Limiters{config.ModeLocal: quota.NewLocal(cache)}, m,
+	m := engine.NewMetrics(nil)
+	srv, err := New(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, m,
 		WithDecisionLog(slog.New(slog.NewTextHandler(&logs, nil)), 0))
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +108,7 @@ func TestPoliciesMatchedCap(t *testing.T) {
 	if n := cache.Len(); n != 0 {
 		t.Fatalf("refused requests took quota: %d cache entries", n)
 	}
-	if got := testutil.ToFloat64(m.Checks.WithLabelValues(OutcomeError)); got != 3 {
+	if got := testutil.ToFloat64(m.Checks.WithLabelValues(engine.Failed.String())); got != 3 {
 		t.Fatalf("error outcomes = %v, want 3", got)
 	}
 	if n := strings.Count(logs.String(), "too many policies"); n != 1 || !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "config=many.yaml") {
@@ -125,58 +124,12 @@ func TestPoliciesMatchedCap(t *testing.T) {
 	}
 
 	// Exactly the maximum is served.
-	f := newFixture(t, manyPolicies(MaxPoliciesPerRequest))
+	f := newFixture(t, manyPolicies(engine.MaxPoliciesPerRequest))
 	if r := f.check(RequestSpec{}); !allowed(r) {
-		t.Fatalf("%d matching policies: %v", MaxPoliciesPerRequest, r)
+		t.Fatalf("%d matching policies: %v", engine.MaxPoliciesPerRequest, r)
 	}
-	if n := f.cache.Len(); n != MaxPoliciesPerRequest {
+	if n := f.cache.Len(); n != engine.MaxPoliciesPerRequest {
 		t.Fatalf("cache entries = %d, want one per policy", n)
-	}
-}
-
-// The composite key is bounded whatever the request carries: values up to
-// maxKeyValue (128) bytes are escaped (at most tripling them), longer ones
-// become a 39-byte digest. The worst case reaches the bound.
-//
-// The bound for the policy below, worked by hand: its name (64 bytes),
-// then per key part ":kind[:name]:" (client 8, ip 4, header:x-a 12,
-// header:x-b 12, claim:sub 11, principal 11, path 6, claim:tenant 14: 78)
-// and a value of at most 3 × 128 = 384 bytes each (3072): 3214 bytes.
-func TestPartitionKeyBound(t *testing.T) {
-	f := newFixture(t, `
-clients:
-  keys: [{id: ada, key: key-ada}]
-policies:
-  - name: p123456789-123456789-123456789-123456789-123456789-123456789-123
-    key: [client, ip, "header:x-a", "header:x-b", "claim:sub", principal, path, "claim:tenant"]
-    limit: 10
-    window: 1m
-`)
-	p := f.srv.engine.Load().policies[0]
-	const bound = 3214
-	worst := strings.Repeat(":", maxKeyValue) // 3 bytes each once escaped
-	for _, v := range []string{"", "a", worst, worst + ":", strings.Repeat("\xff", 64<<10), strings.Repeat("x", 4<<20)} {
-		a := attrs{
-			headers:   map[string]string{"x-a": v, "x-b": v},
-			path:      v,
-			peer:      "2001:db8::1",
-			principal: v,
-			jwt: &structpb.Struct{Fields: map[string]*structpb.Value{"p": structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-				"sub": structpb.NewStringValue(v), "tenant": structpb.NewStringValue(v),
-			}})}},
-		}
-		key, _ := p.partition(&a, &client{ID: "ada"}, 0)
-		if len(key) > bound {
-			t.Fatalf("value of %d bytes: key of %d bytes exceeds the bound %d", len(v), len(key), bound)
-		}
-		// The client id (ada, 3 bytes) and the IP (2001%3Adb8%3A%3A1,
-		// 17 bytes) are not the request's to choose: 3214 − 381 − 367.
-		if v == worst && len(key) != 2466 {
-			t.Fatalf("worst case: key of %d bytes; the bound %d is not tight", len(key), bound)
-		}
-		if len(v) > maxKeyValue && len(key) > len(p.prefix)+8*(len(":claim:tenant:")+len("sha256.")+32) {
-			t.Fatalf("value of %d bytes: key of %d bytes; long values should be digests", len(v), len(key))
-		}
 	}
 }
 
@@ -191,10 +144,10 @@ func TestDecisionLogSampling(t *testing.T) {
 		level slog.Level
 		want  int
 	}{{slog.LevelDebug, 3}, {slog.LevelInfo, 0}} {
-		cache, _ := quota.NewCache(10)
+		cache, _ := local.NewTable(10)
 		var logs bytes.Buffer
 		log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: tc.level}))
-		srv, err := New(cfg, Limiters{config.ModeLocal: quota.NewLocal(cache)}, metrics.New("test"), WithDecisionLog(log, 2))
+		srv, err := New(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, engine.NewMetrics(nil), WithDecisionLog(log, 2))
 		if err != nil {
 			t.Fatal(err)
 		}

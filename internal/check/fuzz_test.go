@@ -17,8 +17,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/extauthz/extauthz/internal/config"
-	"github.com/extauthz/extauthz/internal/metrics"
+	"github.com/extauthz/extauthz/internal/engine"
 	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/local"
 )
 
 // fuzzYAML exercises every identity source, matcher, algorithm and
@@ -68,7 +69,7 @@ func (c *countingLimiter) Take(ctx context.Context, key string, l quota.Limit, n
 
 type fuzzServer struct {
 	srv   *Server
-	cache *quota.Cache
+	cache *local.Table
 	lim   *countingLimiter
 	held  time.Duration // the last hold asked for; the fuzz loop is serial
 }
@@ -80,13 +81,13 @@ func newFuzzServer(tb testing.TB) *fuzzServer {
 		tb.Fatal(err)
 	}
 	fs := &fuzzServer{}
-	if fs.cache, err = quota.NewCache(1000); err != nil {
+	if fs.cache, err = local.NewTable(1000); err != nil {
 		tb.Fatal(err)
 	}
-	fs.lim = &countingLimiter{Limiter: quota.NewLocal(fs.cache)}
+	fs.lim = &countingLimiter{Limiter: local.New(fs.cache)}
 	// A frozen clock: a failing input replays the same decisions. Holds
 	// are recorded, not waited out.
-	fs.srv, err = New(cfg, Limiters{config.ModeLocal: fs.lim}, metrics.New("fuzz"),
+	fs.srv, err = New(cfg, engine.Limiters{config.ModeLocal: fs.lim}, engine.NewMetrics(nil),
 		WithClock(func() time.Time { return t0 }),
 		WithHold(func(_ context.Context, d time.Duration) error { fs.held = d; return nil }))
 	if err != nil {

@@ -10,8 +10,8 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 
 	"github.com/extauthz/extauthz/internal/config"
-	"github.com/extauthz/extauthz/internal/metrics"
-	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/engine"
+	"github.com/extauthz/extauthz/internal/quota/local"
 )
 
 // holdRecorder stands in for the timer that holds a shaped request: it
@@ -32,13 +32,13 @@ func newHoldFixture(t *testing.T, yaml string) (*fixture, *holdRecorder) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, now: t0, m: metrics.New("test")}
-	f.cache, err = quota.NewCache(cfg.Local.MaxKeys)
+	f := &fixture{t: t, now: t0, m: engine.NewMetrics(nil)}
+	f.cache, err = local.NewTable(cfg.Local.MaxKeys)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := &holdRecorder{}
-	f.srv, err = New(cfg, Limiters{config.ModeLocal: quota.NewLocal(f.cache)}, f.m,
+	f.srv, err = New(cfg, engine.Limiters{config.ModeLocal: local.New(f.cache)}, f.m,
 		WithClock(func() time.Time { return f.now }), WithHold(rec.hold))
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +85,7 @@ func TestHeldRequestCanceledGivesTheSlotBack(t *testing.T) {
 	if r := f.check(RequestSpec{}); !allowed(r) || rec.holds[len(rec.holds)-1] != 100*time.Millisecond {
 		t.Fatalf("after the cancellation: allowed=%v holds=%v", allowed(r), rec.holds)
 	}
-	if got := testutil.ToFloat64(f.m.Checks.WithLabelValues(OutcomeCanceled)); got != 1 {
+	if got := testutil.ToFloat64(f.m.Checks.WithLabelValues(engine.Canceled.String())); got != 1 {
 		t.Fatalf("canceled checks = %v, want 1", got)
 	}
 	if got := testutil.ToFloat64(f.m.Decisions.WithLabelValues("shaped", "local", "refunded")); got != 1 {
@@ -121,17 +121,5 @@ policies:
 	}
 	if len(rec.holds) != 0 {
 		t.Fatalf("shadow policy held requests: %v", rec.holds)
-	}
-}
-
-// The default hold waits, and gives up with the context.
-func TestSleepCtx(t *testing.T) {
-	if err := sleepCtx(context.Background(), time.Nanosecond); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := sleepCtx(ctx, time.Hour); err != context.Canceled {
-		t.Fatalf("canceled: %v", err)
 	}
 }

@@ -9,7 +9,85 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/extauthz/extauthz/internal/engine"
 )
+
+// JWTAuthnNamespace is where Envoy's jwt_authn filter puts verified JWT
+// payloads (payload_in_metadata), and where ext_authz forwards them from
+// when metadata_context_namespaces names it.
+const JWTAuthnNamespace = "envoy.filters.http.jwt_authn"
+
+// newRequest reads what a decision needs of a CheckRequest. Envoy sends
+// the headers as a map, or as header_map when encode_raw_headers is set;
+// the method, path and host both as fields and as pseudo-headers.
+func newRequest(req *authv3.CheckRequest) engine.Request {
+	a := req.GetAttributes()
+	h := a.GetRequest().GetHttp()
+	at := engine.Request{
+		Headers:   h.GetHeaders(),
+		Peer:      a.GetSource().GetAddress().GetSocketAddress().GetAddress(),
+		Principal: a.GetSource().GetPrincipal(),
+		Context:   a.GetContextExtensions(),
+	}
+	if len(at.Headers) == 0 && h.GetHeaderMap() != nil {
+		at.Headers = flattenHeaderMap(h)
+	}
+	at.Method = h.GetMethod()
+	if at.Method == "" {
+		at.Method = at.Headers[":method"]
+	}
+	path := h.GetPath()
+	if path == "" {
+		path = at.Headers[":path"]
+	}
+	at.Path = engine.TrimPath(path)
+	host := h.GetHost()
+	if host == "" {
+		host = at.Headers[":authority"]
+	}
+	if host == "" {
+		host = at.Headers["host"]
+	}
+	at.Host = engine.NormalizeHost(host)
+	if md := a.GetMetadataContext().GetFilterMetadata(); md != nil {
+		at.JWT = md[JWTAuthnNamespace]
+	}
+	return at
+}
+
+// flattenHeaderMap turns the header_map form (sent when Envoy's
+// encode_raw_headers is set) into the map form, joining repeated headers
+// with commas as Envoy does for the map. Repeats are collected and joined
+// once, in time linear in the request: joining each onto the previous join
+// would copy O(n²) bytes for a name repeated n times.
+func flattenHeaderMap(h *authv3.AttributeContext_HttpRequest) map[string]string {
+	m := make(map[string]string, len(h.GetHeaderMap().GetHeaders()))
+	var repeats map[string][]string // every value of a repeated name, in order
+	for _, hv := range h.GetHeaderMap().GetHeaders() {
+		k := strings.ToLower(hv.GetKey())
+		v := hv.GetValue()
+		if v == "" && len(hv.GetRawValue()) > 0 {
+			v = string(hv.GetRawValue())
+		}
+		prev, seen := m[k]
+		if !seen {
+			m[k] = v
+			continue
+		}
+		if repeats == nil {
+			repeats = map[string][]string{}
+		}
+		if repeats[k] == nil {
+			repeats[k] = []string{prev}
+		}
+		repeats[k] = append(repeats[k], v)
+	}
+	for k, vs := range repeats {
+		m[k] = strings.Join(vs, ",")
+	}
+	return m
+}
 
 // RequestSpec describes an HTTP request for NewRequest.
 type RequestSpec struct {

@@ -3,8 +3,6 @@ package config
 import (
 	"fmt"
 	"time"
-
-	"github.com/extauthz/extauthz/internal/quota"
 )
 
 // Leaky bucket shaping bounds.
@@ -14,20 +12,25 @@ const (
 	DefaultMaxDelay = 100 * time.Millisecond
 	// MaxMaxDelay bounds max_delay. A held request is an open Check call:
 	// Envoy's ext_authz filter gives it 200ms by default (envoy/envoy.yaml,
-	// grpc_service.timeout), and the Check also spends the Redis call
-	// (redis.timeout, 20ms by default) and the network. 150ms leaves 50ms
-	// for them; past Envoy's timeout the request would fail (or, with
-	// failure_mode_allow, pass unshaped) after being counted.
+	// grpc_service.timeout), and the Check also spends its Redis call and
+	// the network. 150ms leaves 50ms for them in the usual case; a caller
+	// that gives up while its request is held (a slow Redis call ate its
+	// budget) has its unit refunded and never reaches the upstream.
 	MaxMaxDelay = 150 * time.Millisecond
 	// maxQueue bounds queue: each waiting request is a Check in flight.
 	maxQueue = 100_000
 )
 
+// MaxSlidingLogLimit is the largest limit a sliding_log policy may have:
+// its memory is one entry per admitted request per key (about 8 bytes in
+// this process, 40 to 130 in Redis).
+const MaxSlidingLogLimit = 100_000
+
 // validateAlgorithm checks the settings that belong to one algorithm:
 // queue and max_delay (leaky_bucket only), and the sliding log's limit,
 // whose memory is one entry per admitted request.
 func validateAlgorithm(r *rawPolicy, path string, p *Policy, c *Config, errs *Errors) {
-	if p.Algorithm != quota.LeakyBucket {
+	if p.Algorithm != LeakyBucket {
 		if r.Queue != nil {
 			errs.add(path+".queue", "applies to leaky_bucket only, not %s", p.Algorithm)
 		}
@@ -52,15 +55,15 @@ func validateAlgorithm(r *rawPolicy, path string, p *Policy, c *Config, errs *Er
 		}
 	}
 
-	if p.Algorithm == quota.SlidingLog {
+	if p.Algorithm == SlidingLog {
 		const why = "is too large for sliding_log, which keeps one entry per admitted request and key; at most %d (or use sliding_window)"
-		if p.Limit > quota.MaxSlidingLogLimit {
-			errs.add(path+".limit", "%d "+why, p.Limit, quota.MaxSlidingLogLimit)
+		if p.Limit > MaxSlidingLogLimit {
+			errs.add(path+".limit", "%d "+why, p.Limit, MaxSlidingLogLimit)
 		}
 		if p.UsePlan {
 			for _, name := range sortedKeys(c.Plans) {
-				if n := c.Plans[name].Limit; n > quota.MaxSlidingLogLimit {
-					errs.add(path+".limit", "plans.%s.limit %d "+why, name, n, quota.MaxSlidingLogLimit)
+				if n := c.Plans[name].Limit; n > MaxSlidingLogLimit {
+					errs.add(path+".limit", "plans.%s.limit %d "+why, name, n, MaxSlidingLogLimit)
 				}
 			}
 		}

@@ -4,8 +4,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/extauthz/extauthz/internal/quota"
 )
 
 // Every algorithm is accepted in every mode, and a leaky bucket's shaping
@@ -24,12 +22,12 @@ policies:
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []quota.Algorithm{quota.TokenBucket, quota.SlidingWindow, quota.FixedWindow, quota.SlidingLog, quota.LeakyBucket, quota.LeakyBucket}
+	want := []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog, LeakyBucket, LeakyBucket}
 	for i, p := range c.Policies {
 		if p.Algorithm != want[i] {
 			t.Errorf("%s: algorithm %s, want %s", p.Name, p.Algorithm, want[i])
 		}
-		if p.Algorithm != quota.LeakyBucket && (p.Queue != 0 || p.MaxDelay != 0) {
+		if p.Algorithm != LeakyBucket && (p.Queue != 0 || p.MaxDelay != 0) {
 			t.Errorf("%s: queue %d, max_delay %v outside a leaky bucket", p.Name, p.Queue, p.MaxDelay)
 		}
 	}

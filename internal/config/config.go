@@ -6,11 +6,7 @@
 // every field is checked and defaulted, ready to compile.
 package config
 
-import (
-	"time"
-
-	"github.com/extauthz/extauthz/internal/quota"
-)
+import "time"
 
 // Mode says where a policy's counts live.
 type Mode string
@@ -21,6 +17,21 @@ const (
 	ModeRedis  Mode = "redis"
 	ModeHybrid Mode = "hybrid"
 )
+
+// Algorithm names how a policy counts.
+type Algorithm string
+
+// The algorithms, in the order the documentation lists them.
+const (
+	TokenBucket   Algorithm = "token_bucket"
+	SlidingWindow Algorithm = "sliding_window"
+	FixedWindow   Algorithm = "fixed_window"
+	SlidingLog    Algorithm = "sliding_log"
+	LeakyBucket   Algorithm = "leaky_bucket"
+)
+
+// Algorithms lists every algorithm.
+var Algorithms = []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog, LeakyBucket}
 
 // OnRedisError says what a Redis-backed policy does while Redis is unreachable.
 type OnRedisError string
@@ -159,7 +170,7 @@ type Policy struct {
 	Limit        int64
 	Window       time.Duration
 	Burst        int64
-	Algorithm    quota.Algorithm
+	Algorithm    Algorithm
 	Mode         Mode
 	OnRedisError OnRedisError
 	OnMissingKey OnMissingKey
@@ -196,13 +207,3 @@ func (k KeyPart) String() string {
 // DefaultPlan is the plan used by `limit: plan` policies for callers without
 // a plan of their own (anonymous callers, keys with no plan).
 const DefaultPlan = "default"
-
-// PlanFor returns the limit a `limit: plan` policy applies to a caller on
-// plan (""for none), and whether there is one.
-func (c *Config) PlanFor(plan string) (Plan, bool) {
-	if p, ok := c.Plans[plan]; ok && plan != "" {
-		return p, true
-	}
-	p, ok := c.Plans[DefaultPlan]
-	return p, ok
-}

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/extauthz/extauthz/internal/quota"
 )
 
 // Each file under testdata/bad holds one mistake and, on its first line,
@@ -74,7 +72,7 @@ func TestFullExample(t *testing.T) {
 	}
 	p := c.Policies[0]
 	if p.Name != "orders" || p.Limit != 100 || p.Window != time.Minute || p.Burst != 100 ||
-		p.Algorithm != quota.TokenBucket || p.Mode != ModeHybrid || p.OnRedisError != OnErrorFallback ||
+		p.Algorithm != TokenBucket || p.Mode != ModeHybrid || p.OnRedisError != OnErrorFallback ||
 		p.OnMissingKey != MissingAnonymous || p.Shadow {
 		t.Fatalf("policy = %+v", p)
 	}
@@ -88,11 +86,11 @@ func TestFullExample(t *testing.T) {
 	if !pp.UsePlan || len(pp.Key) != 2 || pp.Key[1] != (KeyPart{Kind: KeyHeader, Name: "x-tenant"}) {
 		t.Fatalf("plan policy = %+v", pp)
 	}
-	if plan, ok := c.PlanFor("enterprise"); !ok || plan.Limit != 1000 {
-		t.Fatalf("PlanFor(enterprise) = %+v %v", plan, ok)
+	if plan := c.Plans["enterprise"]; plan.Limit != 1000 {
+		t.Fatalf("plans.enterprise = %+v", plan)
 	}
-	if plan, ok := c.PlanFor(""); !ok || plan.Limit != 10 {
-		t.Fatalf("PlanFor(\"\") = %+v %v, want plans.default", plan, ok)
+	if plan := c.Plans[DefaultPlan]; plan.Limit != 10 {
+		t.Fatalf("plans.default = %+v", plan)
 	}
 }
 

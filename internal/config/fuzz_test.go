@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
-
-	"github.com/extauthz/extauthz/internal/quota"
 )
 
 // FuzzParse: Parse never panics; it returns a Config or an *Errors, never
@@ -196,10 +194,10 @@ func render(t *testing.T, c *Config) []byte {
 				"path_prefix": p.Match.PathPrefix, "methods": orEmpty(p.Match.Methods),
 				"hosts": orEmpty(p.Match.Hosts), "context": p.Match.Context,
 			},
-			"key": key, "algorithm": p.Algorithm.String(), "mode": string(p.Mode),
+			"key": key, "algorithm": string(p.Algorithm), "mode": string(p.Mode),
 			"on_redis_error": string(p.OnRedisError), "on_missing_key": string(p.OnMissingKey), "shadow": p.Shadow,
 		}
-		if p.Algorithm == quota.LeakyBucket {
+		if p.Algorithm == LeakyBucket {
 			m["max_delay"] = p.MaxDelay.String()
 			if p.Queue >= 0 {
 				m["queue"] = p.Queue

@@ -1,7 +1,6 @@
 package config
 
 import (
-	"bytes"
 	"crypto/sha256"
 	_ "embed"
 	"errors"
@@ -148,9 +147,6 @@ func Default() *Config {
 	}
 	return c
 }
-
-// DefaultYAML returns the text of the embedded configuration.
-func DefaultYAML() []byte { return bytes.Clone(defaultYAML) }
 
 // Load reads and validates the file at path.
 func Load(path string) (*Config, error) {

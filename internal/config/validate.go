@@ -8,19 +8,18 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/extauthz/extauthz/internal/quota"
 )
 
 // Defaults for settings left out of the file.
 const (
 	DefaultGRPC       = "127.0.0.1:9001"
 	DefaultAdmin      = "127.0.0.1:9090"
-	DefaultTimeout    = quota.DefaultTimeout
+	DefaultTimeout    = 150 * time.Millisecond
 	DefaultKeyPrefix  = "rl:"
 	DefaultMaxKeys    = 100_000
 	DefaultSliceIdle  = time.Second
@@ -40,6 +39,7 @@ var (
 	headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 	hexDigest  = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
 	httpMethod = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+	envName    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
 func validate(r *rawConfig, errs *Errors) *Config {
@@ -153,6 +153,14 @@ func checkListen(addr string, unixOK bool) error {
 	return nil
 }
 
+// burstField checks a burst: 0 (the default, the limit) or a capacity of
+// at least one unit.
+func burstField(b int64, path string, errs *Errors) {
+	if b < 0 || b > maxLimit {
+		errs.add(path, "%d must be between 0 (the limit) and %d", b, int64(maxLimit))
+	}
+}
+
 func validateRedis(r *rawRedis, errs *Errors, warnings *[]string) *Redis {
 	rc := &Redis{
 		Addrs:       r.Addrs,
@@ -169,7 +177,7 @@ func validateRedis(r *rawRedis, errs *Errors, warnings *[]string) *Redis {
 			errs.add(fmt.Sprintf("redis.addrs[%d]", i), "%q is not host:port", a)
 		}
 	}
-	if r.PasswordEnv != "" && !regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`).MatchString(r.PasswordEnv) {
+	if r.PasswordEnv != "" && !envName.MatchString(r.PasswordEnv) {
 		errs.add("redis.password_env", "%q is not an environment variable name", r.PasswordEnv)
 	}
 	if t := r.TLS; t.Enabled {
@@ -225,9 +233,7 @@ func validatePlan(r rawPlan, path string, errs *Errors) Plan {
 	} else {
 		windowField(r.Window, path+".window", &p.Window, errs)
 	}
-	if r.Burst < 0 || r.Burst > maxLimit {
-		errs.add(path+".burst", "%d must be between 1 and %d", r.Burst, int64(maxLimit))
-	}
+	burstField(r.Burst, path+".burst", errs)
 	return p
 }
 
@@ -354,19 +360,20 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 			windowField(r.Window, path+".window", &p.Window, errs)
 		}
 	}
-	if r.Burst < 0 || r.Burst > maxLimit {
-		errs.add(path+".burst", "%d must be between 1 and %d", r.Burst, int64(maxLimit))
-	}
+	burstField(r.Burst, path+".burst", errs)
 
-	p.Algorithm = quota.TokenBucket
+	p.Algorithm = TokenBucket
 	if r.Algorithm != "" {
-		a, ok := quota.ParseAlgorithm(r.Algorithm)
-		if !ok {
-			errs.add(path+".algorithm", "%q is not an algorithm; choices are %s", r.Algorithm, strings.Join(quota.AlgorithmNames(), ", "))
+		p.Algorithm = Algorithm(r.Algorithm)
+		if !slices.Contains(Algorithms, p.Algorithm) {
+			names := make([]string, len(Algorithms))
+			for i, a := range Algorithms {
+				names[i] = string(a)
+			}
+			errs.add(path+".algorithm", "%q is not an algorithm; choices are %s", r.Algorithm, strings.Join(names, ", "))
 		}
-		p.Algorithm = a
 	}
-	if p.Algorithm != quota.TokenBucket {
+	if p.Algorithm != TokenBucket {
 		if r.Burst != 0 {
 			errs.add(path+".burst", "applies to token_bucket only, not %s", p.Algorithm)
 		}

@@ -40,22 +40,21 @@ type Cache[V any] struct {
 
 // Shard is one independently locked part of a Cache.
 type Shard[V any] struct {
-	mu       sync.Mutex // guards lru, removing and every value stored in lru
-	lru      *simplelru.LRU[string, V]
-	removing bool      // set while Remove runs: simplelru reports removals as evictions
-	_        [104]byte // 128 bytes a shard: neighbouring mutexes never share a cache line
+	mu  sync.Mutex // guards lru and every value stored in lru
+	lru *simplelru.LRU[string, V]
+	_   [112]byte // 128 bytes a shard: neighbouring mutexes never share a cache line
 }
 
 // New returns a cache holding at most maxKeys entries. onEvict, if not nil,
-// is called with each entry pushed out to make room (not for Remove); it runs
+// is called with each entry pushed out to make room; it runs
 // with the shard locked, so it must not call back into the cache.
 func New[V any](maxKeys int, onEvict func(key string, value V)) (*Cache[V], error) {
-	return NewSharded(maxKeys, shardsFor(maxKeys), onEvict)
+	return newSharded(maxKeys, shardsFor(maxKeys), onEvict)
 }
 
-// NewSharded is New with an explicit shard count, a power of two no larger
+// newSharded is New with an explicit shard count, a power of two no larger
 // than maxKeys. Benchmarks use it to compare layouts.
-func NewSharded[V any](maxKeys, shards int, onEvict func(key string, value V)) (*Cache[V], error) {
+func newSharded[V any](maxKeys, shards int, onEvict func(key string, value V)) (*Cache[V], error) {
 	if maxKeys < 1 {
 		return nil, fmt.Errorf("localcache: max keys must be at least 1, got %d", maxKeys)
 	}
@@ -69,16 +68,12 @@ func NewSharded[V any](maxKeys, shards int, onEvict func(key string, value V)) (
 		bound:  maxKeys,
 	}
 	for i := range c.shards {
-		s := &c.shards[i]
 		// Spread the remainder so the shards add up to exactly maxKeys.
 		per := maxKeys / shards
 		if i < maxKeys%shards {
 			per++
 		}
 		l, err := simplelru.NewLRU[string, V](per, func(k string, v V) {
-			if s.removing {
-				return
-			}
 			c.evictions.Add(1)
 			if onEvict != nil {
 				onEvict(k, v)
@@ -87,7 +82,7 @@ func NewSharded[V any](maxKeys, shards int, onEvict func(key string, value V)) (
 		if err != nil {
 			return nil, fmt.Errorf("localcache: %w", err)
 		}
-		s.lru = l
+		c.shards[i].lru = l
 	}
 	return c, nil
 }
@@ -133,41 +128,8 @@ func (s *Shard[V]) Peek(key string) (V, bool) { return s.lru.Peek(key) }
 // when it is full. The shard must be locked.
 func (s *Shard[V]) Add(key string, value V) { s.lru.Add(key, value) }
 
-// Delete removes key without reporting it as an eviction. The shard must be
-// locked.
-func (s *Shard[V]) Delete(key string) bool {
-	s.removing = true
-	ok := s.lru.Remove(key)
-	s.removing = false
-	return ok
-}
-
 // Unlock releases the shard.
 func (s *Shard[V]) Unlock() { s.mu.Unlock() }
-
-// Remove deletes key without reporting it as an eviction. It returns whether
-// the key was present.
-func (c *Cache[V]) Remove(key string) bool {
-	s := c.Lock(key)
-	ok := s.Delete(key)
-	s.Unlock()
-	return ok
-}
-
-// Range calls fn for every entry, one shard at a time under that shard's
-// lock. It is for shutdown and maintenance, not the request path.
-func (c *Cache[V]) Range(fn func(key string, v V)) {
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.Lock()
-		for _, k := range s.lru.Keys() {
-			if v, ok := s.lru.Peek(k); ok {
-				fn(k, v)
-			}
-		}
-		s.mu.Unlock()
-	}
-}
 
 // Len returns the number of entries. It locks each shard in turn, so under
 // concurrent writes it is a close estimate, never above the bound.

@@ -29,8 +29,8 @@ import "time"
 // A refund gives the slot back: tat moves back one interval, as a token
 // bucket's refund does.
 
-// tolerance returns D in nanoseconds (see the design note).
-func (l Limit) tolerance() int64 {
+// Tolerance returns D in nanoseconds (see the design note).
+func (l Limit) Tolerance() int64 {
 	d := int64(max(l.MaxDelay, 0))
 	iv := l.Interval()
 	// Queue × iv without overflow: only a queue shorter than D/iv matters.
@@ -45,7 +45,7 @@ func (l Limit) tolerance() int64 {
 // state.
 func leakyBucketTake(tat, now int64, l Limit) (int64, Decision) {
 	iv := l.Interval()
-	tol := l.tolerance()
+	tol := l.Tolerance()
 	slot := max(tat, now)
 	delay := slot - now
 	d := Decision{Limit: l.Limit}

@@ -59,7 +59,7 @@ func TestLeakyBucketQueue(t *testing.T) {
 		{0, false, 0, 0, 100 * time.Millisecond},
 		{100 * time.Millisecond, true, 0, 0, 0},
 	})
-	if got := (Limit{Limit: 10, Window: time.Second, MaxDelay: 150 * time.Millisecond, Queue: 1 << 40}).tolerance(); got != int64(150*time.Millisecond) {
+	if got := (Limit{Limit: 10, Window: time.Second, MaxDelay: 150 * time.Millisecond, Queue: 1 << 40}).Tolerance(); got != int64(150*time.Millisecond) {
 		t.Fatalf("a huge queue: tolerance %v, want max_delay", time.Duration(got))
 	}
 }

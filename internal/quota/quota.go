@@ -1,6 +1,12 @@
-// Package quota decides whether a unit of work fits a rate limit. It holds
-// the algorithms and the places counts live (this process, Redis, or leased
-// slices of a Redis bucket), and knows nothing of Envoy or HTTP.
+// Package quota is the core of rate limiting: a Limit, the Decision for
+// one unit, the Limiter interface every store implements, and the five
+// algorithms as pure functions over a key's State. It does no I/O and
+// keeps no metrics; it knows nothing of Envoy, HTTP or Redis.
+//
+// The stores live below it: internal/quota/local keeps counts in this
+// process (local mode, and the fallback buckets of the Redis modes);
+// internal/quota/redisstore keeps them in Redis (redis mode, hybrid leases,
+// the breaker, replica counting).
 //
 // Every call takes the decision instant `now` from the caller: algorithms
 // never read the clock, so tests drive them with fixed instants.
@@ -32,19 +38,6 @@ func (a Algorithm) String() string {
 	}
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
-
-// ParseAlgorithm maps a configuration name to an Algorithm.
-func ParseAlgorithm(s string) (Algorithm, bool) {
-	for i, n := range algorithmNames {
-		if n == s {
-			return Algorithm(i), true
-		}
-	}
-	return 0, false
-}
-
-// AlgorithmNames lists the accepted configuration names.
-func AlgorithmNames() []string { return append([]string(nil), algorithmNames[:]...) }
 
 // OnError says what a Redis-backed limit does while Redis is unreachable.
 type OnError uint8

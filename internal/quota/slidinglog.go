@@ -15,8 +15,9 @@ import "time"
 //     TestSlidingLogMemory at about 40 bytes per entry while Redis keeps
 //     the set as a listpack (up to 128 entries) and about 120-130 beyond
 //     (skiplist and dict), so a key at limit 1,000 holds up to about
-//     120 KB. Configuration caps sliding_log limits at MaxSlidingLogLimit
-//     (about 13 MB per key in Redis) for that reason.
+//     120 KB. Configuration caps sliding_log limits at 100,000
+//     (config.MaxSlidingLogLimit; about 13 MB per key in Redis) for that
+//     reason.
 //
 // The wait of a rejected request is exact: the oldest entry that keeps the
 // count at the limit leaves the window at its instant + window.
@@ -26,10 +27,6 @@ import "time"
 // then the entry kept is the older one, which leaves the window sooner.
 // Every later window that holds the older entry also holds the newer one,
 // so no window ever counts more than an exact refund would leave in it.
-
-// MaxSlidingLogLimit is the largest limit a sliding_log policy may have:
-// its memory is one entry per admitted request per key.
-const MaxSlidingLogLimit = 100_000
 
 // timeLog holds a sliding log's admitted instants (unix ns), oldest first,
 // in a ring that grows up to the limit. The zero value is an empty log.

@@ -1,7 +1,6 @@
 package quota
 
 import (
-	"context"
 	"testing"
 	"time"
 )
@@ -103,46 +102,4 @@ func TestTokenBucketExactOverWindow(t *testing.T) {
 	if admitted != 299 {
 		t.Fatalf("admitted %d over two minutes, want 299", admitted)
 	}
-}
-
-func TestLocalLimiter(t *testing.T) {
-	cache, err := NewCache(1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim := NewLocal(cache)
-	ctx := context.Background()
-	l := Limit{Limit: 2, Window: time.Minute}
-	for i, want := range []bool{true, true, false} {
-		d, err := lim.Take(ctx, "k", l, at(0))
-		if err != nil || d.Allowed != want {
-			t.Fatalf("take %d: %+v %v, want allowed=%v", i, d, err, want)
-		}
-	}
-	if err := lim.Refund(ctx, "k", l, at(0)); err != nil {
-		t.Fatal(err)
-	}
-	if d, _ := lim.Take(ctx, "k", l, at(0)); !d.Allowed {
-		t.Fatalf("after refund: %+v", d)
-	}
-	if d, _ := lim.Take(ctx, "other", l, at(0)); !d.Allowed || d.Remaining != 1 {
-		t.Fatalf("other key shares state: %+v", d)
-	}
-	if cache.Len() != 2 {
-		t.Fatalf("cache holds %d keys, want 2", cache.Len())
-	}
-}
-
-func BenchmarkLocalTake(b *testing.B) {
-	cache, _ := NewCache(100_000)
-	lim := NewLocal(cache)
-	ctx := context.Background()
-	l := Limit{Limit: 1 << 40, Window: time.Second}
-	now := time.Now()
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			lim.Take(ctx, "orders:client:ada", l, now)
-		}
-	})
 }

@@ -34,8 +34,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/check"
-	"github.com/extauthz/extauthz/internal/childproc"
-	"github.com/extauthz/extauthz/internal/loadgen"
+	"github.com/extauthz/extauthz/tests/internal/loadgen"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 func main() {
@@ -63,7 +63,7 @@ policies:
 
 type target struct {
 	name string
-	p    *childproc.Proc
+	p    *testredis.Proc
 	runs []loadgen.Result
 }
 
@@ -84,7 +84,7 @@ func run(n, c, rounds, keys int) error {
 		return err
 	}
 
-	rds, err := childproc.Redis(dir)
+	rds, err := testredis.StartDetached(dir)
 	if err != nil {
 		return err
 	}
@@ -98,14 +98,14 @@ func run(n, c, rounds, keys int) error {
 			t.p.Stop()
 		}
 	}()
-	add := func(name string, p *childproc.Proc, err error) error {
+	add := func(name string, p *testredis.Proc, err error) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		targets = append(targets, &target{name: name, p: p})
 		return nil
 	}
-	p, err := childproc.Serve("no-op", nil, self, "-noop-serve")
+	p, err := testredis.Serve("no-op", nil, self, "-noop-serve")
 	if err := add("no-op ceiling", p, err); err != nil {
 		return err
 	}

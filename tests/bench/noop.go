@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/extauthz/extauthz/internal/check"
+	"github.com/extauthz/extauthz/internal/gctune"
 )
 
 // noop is the ceiling: an Authorization server that answers OK to every
@@ -40,7 +41,7 @@ func serveNoop() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	check.TuneGC() // the sidecar's runtime settings, as its transport's
+	gctune.Apply() // the sidecar's runtime settings, as its transport's
 	s := grpc.NewServer(check.ServerOptions()...)
 	authv3.RegisterAuthorizationServer(s, noop{})
 	slog.New(slog.NewJSONHandler(os.Stderr, nil)).Info("serving", "grpc", lis.Addr().String(), "admin", "")

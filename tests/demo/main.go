@@ -35,10 +35,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/check"
-	"github.com/extauthz/extauthz/internal/childproc"
-	"github.com/extauthz/extauthz/internal/loadgen"
-	"github.com/extauthz/extauthz/internal/metrics"
 	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/local"
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
+	"github.com/extauthz/extauthz/tests/internal/loadgen"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 const requests = 600
@@ -115,7 +116,7 @@ func run(ctx context.Context, bin string) error {
 		}
 	}
 
-	rp, err := childproc.Redis(dir)
+	rp, err := testredis.StartDetached(dir)
 	if err != nil {
 		return err
 	}
@@ -300,16 +301,20 @@ var burstStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 func boundaryBurst(rdb *redis.Client) error {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	clk := &fakeClock{}
-	store := quota.NewStore(rdb, quota.StoreOptions{Prefix: "demo:", Timeout: time.Second, Metrics: metrics.New("demo"), Log: quiet, Clock: clk.Now})
+	store := redisstore.NewStore(rdb, redisstore.StoreOptions{Prefix: "demo:", Timeout: time.Second, Log: quiet, Clock: clk.Now})
 	defer store.Close()
-	cache, err := quota.NewCache(1000)
+	counts, err := local.NewTable(1000)
+	if err != nil {
+		return err
+	}
+	levels, err := redisstore.NewTable(1000)
 	if err != nil {
 		return err
 	}
 	limiters := []struct {
 		name string
 		lim  quota.Limiter
-	}{{"local", quota.NewLocal(cache)}, {"redis", quota.NewRedis(store)}}
+	}{{"local", local.New(counts)}, {"redis", redisstore.NewRedis(store, levels)}}
 	ctx := context.Background()
 	burst := func(lim quota.Limiter, key string, l quota.Limit, n int) (int, quota.Decision, error) {
 		admitted, first, rejected := 0, quota.Decision{}, false

@@ -10,11 +10,11 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/extauthz/extauthz/internal/childproc"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 // replica is one running extauthz.
-type replica struct{ *childproc.Proc }
+type replica struct{ *testredis.Proc }
 
 // startReplica runs `extauthz serve` on config and waits until it serves.
 func startReplica(bin, dir string, i int, config string) (*replica, error) {
@@ -22,7 +22,7 @@ func startReplica(bin, dir string, i int, config string) (*replica, error) {
 	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
 		return nil, err
 	}
-	p, err := childproc.Serve(fmt.Sprintf("replica %d", i), []string{fmt.Sprintf("EXTAUTHZ_REPLICA_ID=demo-%d", i)},
+	p, err := testredis.Serve(fmt.Sprintf("replica %d", i), []string{fmt.Sprintf("EXTAUTHZ_REPLICA_ID=demo-%d", i)},
 		bin, "serve", "-config", path, "-log-format", "json")
 	if err != nil {
 		return nil, err

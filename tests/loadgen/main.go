@@ -19,7 +19,7 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 
 	"github.com/extauthz/extauthz/internal/check"
-	"github.com/extauthz/extauthz/internal/loadgen"
+	"github.com/extauthz/extauthz/tests/internal/loadgen"
 )
 
 type headerFlags []string

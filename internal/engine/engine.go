@@ -1,0 +1,209 @@
+// Package engine makes the decision every door asks for: who the caller
+// is, which policies apply, and whether each admits one more unit. A door
+// (the gRPC ext_authz Check in internal/check; later an HTTP endpoint and
+// Envoy's rate limit service) turns its protocol's request into a Request,
+// calls Decide, and renders the Verdict in its protocol, using the header
+// values and problem bodies of render.go, so every door answers alike.
+//
+// A Check's path: Decide identifies the caller (API key by SHA-256 digest:
+// an unknown key is a 401 before any policy runs), finds the matching
+// policies and their partition keys (all built before any quota is
+// taken), asks each policy's limiter for one unit, refunds what was taken
+// when any enforcing policy denies, and holds an allowed request for its
+// leaky-bucket slot.
+package engine
+
+import (
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/identity"
+	"github.com/extauthz/extauthz/internal/quota"
+)
+
+// Limiters maps each mode to the limiter that keeps its counts.
+type Limiters map[config.Mode]quota.Limiter
+
+// Engine is one compiled configuration. It is immutable (but for the flag
+// that logs a warning once): a reload compiles a new Engine and the door
+// swaps it in, so a decision sees one configuration throughout. It is safe
+// for concurrent use.
+type Engine struct {
+	cfg       *config.Config
+	keyring   *identity.Keyring[Client]
+	clients   []*Client
+	keyHeader string // clients.header, lower case
+	policies  []*Policy
+	limits    int // Limits compiled, numbered 0..limits-1
+	metrics   *Metrics
+	hold      HoldFunc     // waits out a leaky bucket's delay
+	warn      *slog.Logger // nil: warnings are not logged
+
+	warnedTooMany atomic.Bool // a MaxPoliciesPerRequest refusal was logged
+}
+
+// Client is a known API key holder.
+type Client struct {
+	ID    string
+	Plan  string // "" when none
+	Index int    // 0..len(Engine.Clients())-1, for a door's per-client values
+}
+
+// Policy is one compiled policy.
+type Policy struct {
+	config.Policy
+	Index   int // 0..len(Engine.Policies())-1, for a door's per-policy values
+	limiter quota.Limiter
+	fixed   Limit            // the policy's own limit, unless UsePlan
+	plans   map[string]Limit // UsePlan: by plan name; "" holds plans.default
+	prefix  string           // partition key prefix: the escaped name
+	counters
+}
+
+// Limit is a quota.Limit with its RateLimit-Policy header value rendered
+// once.
+type Limit struct {
+	quota.Limit
+	Header string // `"orders";q=100;w=60`
+	Index  int    // 0..Engine.LimitCount()-1, for a door's per-limit values
+}
+
+// Option configures an Engine.
+type Option func(*Engine)
+
+// WithHold replaces how an admitted request is held until its leaky bucket
+// slot (a timer by default). Tests pass a recorder, so no test sleeps.
+func WithHold(hold HoldFunc) Option { return func(e *Engine) { e.hold = hold } }
+
+// WithWarnings logs, once per configuration, a request that matches more
+// than MaxPoliciesPerRequest policies.
+func WithWarnings(log *slog.Logger) Option { return func(e *Engine) { e.warn = log } }
+
+// Compile translates cfg into an engine deciding with the given limiters,
+// one per mode the configuration uses: this is the one place configuration
+// values become quota values.
+func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) (*Engine, error) {
+	e := &Engine{
+		cfg:       cfg,
+		keyring:   identity.NewKeyring[Client](len(cfg.Clients.Keys)),
+		keyHeader: cfg.Clients.Header,
+		metrics:   m,
+		hold:      sleepCtx,
+	}
+	for _, o := range opts {
+		o(e)
+	}
+	for i, k := range cfg.Clients.Keys {
+		c := &Client{ID: k.ID, Plan: k.Plan, Index: i}
+		e.clients = append(e.clients, c)
+		e.keyring.Add(k.Digest, c)
+	}
+	for i, pc := range cfg.Policies {
+		lim, ok := limiters[pc.Mode]
+		if !ok || lim == nil {
+			return nil, fmt.Errorf("policy %q: mode %s needs Redis, and this process started without a redis section (adding one takes a restart)", pc.Name, pc.Mode)
+		}
+		p := &Policy{
+			Policy:   pc,
+			Index:    i,
+			limiter:  lim,
+			prefix:   string(appendEscaped(nil, pc.Name)),
+			counters: m.forPolicy(pc.Name, string(pc.Mode)),
+		}
+		if pc.UsePlan {
+			p.plans = make(map[string]Limit, len(cfg.Plans)+1)
+			for _, name := range sortedPlans(cfg.Plans) {
+				plan := cfg.Plans[name]
+				l := e.newLimit(pc, plan.Limit, plan.Window, plan.Burst)
+				p.plans[name] = l
+				if name == config.DefaultPlan {
+					p.plans[""] = l
+				}
+			}
+		} else {
+			p.fixed = e.newLimit(pc, pc.Limit, pc.Window, pc.Burst)
+		}
+		e.policies = append(e.policies, p)
+	}
+	m.ConfigPolicies.Set(float64(len(e.policies)))
+	return e, nil
+}
+
+// newLimit compiles one limit of policy p and numbers it.
+func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst int64) Limit {
+	l := Limit{
+		Limit: quota.Limit{
+			Algorithm: algorithms[p.Algorithm],
+			Limit:     n,
+			Window:    window,
+			Burst:     burst,
+			OnError:   onErrors[p.OnRedisError],
+			Queue:     p.Queue,
+			MaxDelay:  p.MaxDelay,
+		},
+		Header: policyHeader(p.Name, n, window),
+		Index:  e.limits,
+	}
+	e.limits++
+	return l
+}
+
+// The configuration's names for the quota values, translated at compile
+// time only.
+var (
+	algorithms = map[config.Algorithm]quota.Algorithm{
+		config.TokenBucket:   quota.TokenBucket,
+		config.SlidingWindow: quota.SlidingWindow,
+		config.FixedWindow:   quota.FixedWindow,
+		config.SlidingLog:    quota.SlidingLog,
+		config.LeakyBucket:   quota.LeakyBucket,
+	}
+	onErrors = map[config.OnRedisError]quota.OnError{
+		config.OnErrorFallback: quota.ErrorFallback,
+		config.OnErrorAllow:    quota.ErrorAllow,
+		config.OnErrorDeny:     quota.ErrorDeny,
+	}
+)
+
+// Config returns the configuration the engine was compiled from.
+func (e *Engine) Config() *config.Config { return e.cfg }
+
+// Policies returns the compiled policies, in configuration order; a door
+// renders its per-policy values from them once per configuration.
+func (e *Engine) Policies() []*Policy { return e.policies }
+
+// Clients returns the known API key holders, by Index.
+func (e *Engine) Clients() []*Client { return e.clients }
+
+// LimitCount is the number of Limits compiled, numbered by Limit.Index.
+func (e *Engine) LimitCount() int { return e.limits }
+
+// Limits returns every limit the policy may apply.
+func (p *Policy) Limits() []Limit {
+	if !p.UsePlan {
+		return []Limit{p.fixed}
+	}
+	out := make([]Limit, 0, len(p.plans))
+	for name, l := range p.plans {
+		if name != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// limitFor returns the limit that applies to client c under p.
+func (p *Policy) limitFor(c *Client) Limit {
+	if !p.UsePlan {
+		return p.fixed
+	}
+	if c != nil && c.Plan != "" {
+		if l, ok := p.plans[c.Plan]; ok {
+			return l
+		}
+	}
+	return p.plans[""]
+}

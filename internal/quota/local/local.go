@@ -1,0 +1,71 @@
+// Package local keeps rate-limit counts in this process: a bounded table of
+// per-key quota.States, the Limiter of local mode, and the fallback
+// buckets the Redis modes decide with while Redis is unreachable.
+//
+// Each replica counts alone, so N replicas in local mode admit up to N
+// times the limit. Memory is bounded by the table: the least recently used
+// key is evicted when it is full, and an evicted key starts again from a
+// full bucket.
+package local
+
+import (
+	"context"
+	"time"
+
+	"github.com/extauthz/extauthz/internal/localcache"
+	"github.com/extauthz/extauthz/internal/quota"
+)
+
+// Table is the bounded per-key count table of this process, shared by the
+// local limiter and the fallback buckets: one LRU bound for both. It is
+// safe for concurrent use.
+type Table struct {
+	*localcache.Cache[*quota.State]
+}
+
+// NewTable returns a table of at most maxKeys keys.
+func NewTable(maxKeys int) (*Table, error) {
+	c, err := localcache.New[*quota.State](maxKeys, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Table{Cache: c}, nil
+}
+
+// stateLocked returns key's state in the locked shard, creating it.
+func stateLocked(sh *localcache.Shard[*quota.State], key string) *quota.State {
+	s, ok := sh.Get(key)
+	if !ok {
+		s = &quota.State{}
+		sh.Add(key, s)
+	}
+	return s
+}
+
+// Limiter is local mode: every count in this process.
+type Limiter struct {
+	table *Table
+}
+
+var _ quota.Limiter = (*Limiter)(nil)
+
+// New returns the local-mode limiter keeping its counts in table.
+func New(table *Table) *Limiter { return &Limiter{table: table} }
+
+// Take implements quota.Limiter.
+func (l *Limiter) Take(_ context.Context, key string, lim quota.Limit, now time.Time) (quota.Decision, error) {
+	sh := l.table.Lock(key)
+	d, err := stateLocked(sh, key).Take(lim, now.UnixNano())
+	sh.Unlock()
+	return d, err
+}
+
+// Refund implements quota.Limiter.
+func (l *Limiter) Refund(_ context.Context, key string, lim quota.Limit, now time.Time) error {
+	sh := l.table.Lock(key)
+	if s, ok := sh.Get(key); ok {
+		s.Refund(lim, now.UnixNano())
+	}
+	sh.Unlock()
+	return nil
+}

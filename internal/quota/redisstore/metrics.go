@@ -1,0 +1,85 @@
+package redisstore
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the collectors of the Redis-backed limiters. Create them once
+// per process with NewMetrics; the zero value is not usable.
+type Metrics struct {
+	// Calls counts calls to Redis by operation (lease, return, peers, an
+	// algorithm's script, refund, confirm, probe) and result (ok, error,
+	// timeout, canceled, abandoned).
+	Calls *prometheus.CounterVec
+	// Duration is the time Redis calls take, by operation.
+	Duration *prometheus.HistogramVec
+	// Up is 1 while the store answers, 0 while it is marked down.
+	Up prometheus.Gauge
+	// BreakerOpened counts the times the store was marked down.
+	BreakerOpened prometheus.Counter
+	// SlicesLeased counts hybrid lease calls that granted tokens;
+	// TokensLeased the tokens they granted.
+	SlicesLeased prometheus.Counter
+	TokensLeased prometheus.Counter
+	// TokensReturned counts unspent hybrid tokens given back to Redis, by
+	// reason (idle, evicted, shutdown, refund).
+	TokensReturned *prometheus.CounterVec
+	// LeaseWaits counts hybrid decisions that waited for another request's
+	// lease of the same key instead of calling Redis themselves.
+	LeaseWaits prometheus.Counter
+	// Peers is the replica count in use (see Peers).
+	Peers prometheus.Gauge
+}
+
+// NewMetrics creates the collectors and registers them with reg (none
+// when reg is nil, as in tests that do not read them).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	const ns = "extauthz"
+	m := &Metrics{
+		Calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "redis_calls_total",
+			Help: "Redis calls by operation and result (ok, error, timeout, canceled by the caller, abandoned when Redis was marked down).",
+		}, []string{"op", "result"}),
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "redis_call_duration_seconds",
+			Help:    "Time Redis calls take, by operation.",
+			Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 150e-3},
+		}, []string{"op"}),
+		Up: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "redis_up",
+			Help: "1 while Redis answers, 0 while the store is marked down.",
+		}),
+		BreakerOpened: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "redis_breaker_opened_total",
+			Help: "Times Redis was marked down (a failed or stalled call, confirmed by a failed probe on its own connection).",
+		}),
+		SlicesLeased: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "hybrid_slices_leased_total",
+			Help: "Hybrid lease calls that granted tokens.",
+		}),
+		TokensLeased: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "hybrid_tokens_leased_total",
+			Help: "Tokens granted to hybrid slices.",
+		}),
+		TokensReturned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "hybrid_tokens_returned_total",
+			Help: "Unspent hybrid tokens given back to Redis, by reason (idle, evicted, shutdown, refund).",
+		}, []string{"reason"}),
+		LeaseWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "hybrid_lease_waits_total",
+			Help: "Hybrid decisions that waited for a lease already in flight for their key.",
+		}),
+		Peers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "peers",
+			Help: "Replicas assumed to share Redis: the highest count observed within the last peer_ttl (min_peers until a replica has heard the others).",
+		}),
+	}
+	// Series that exist from the start, so dashboards and alerts see 0
+	// rather than nothing.
+	for _, reason := range []string{"idle", "evicted", "shutdown", "refund"} {
+		m.TokensReturned.WithLabelValues(reason)
+	}
+	if reg != nil {
+		reg.MustRegister(m.Calls, m.Duration, m.Up, m.BreakerOpened, m.SlicesLeased, m.TokensLeased,
+			m.TokensReturned, m.LeaseWaits, m.Peers)
+	}
+	return m
+}

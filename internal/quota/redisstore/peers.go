@@ -1,0 +1,137 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ReplicaID returns this process's heartbeat id: base (such as the pod
+// name), or the hostname when base is empty, plus a random suffix so two
+// processes never share an id.
+func ReplicaID(base string) string {
+	if base == "" {
+		base, _ = os.Hostname()
+	}
+	if base == "" {
+		base = "extauthz"
+	}
+	var b [4]byte
+	rand.Read(b[:])
+	return base + "-" + hex.EncodeToString(b[:])
+}
+
+// Peers counts the replicas that share Redis: each heartbeats its id into a
+// sorted set and reads how many were heard within the ttl.
+//
+// Count is what hybrid slices and the fallback divide by, so it errs high:
+// it is the highest count observed within the last ttl, not only the
+// latest. That keeps it through an outage (while Redis is unreachable the
+// last observation stands), through Redis losing the set (a restart without
+// persistence, a failover, a flush: the others re-register one by one over
+// a heartbeat interval), and through a replica leaving, for one ttl, which
+// is how long a replica that vanished without leaving is counted anyway.
+//
+// A replica's first heartbeat sees only the replicas that started before
+// it; in a rollout the others register within one heartbeat interval. Until
+// its second heartbeat, and before any heartbeat answered, Count is at
+// least minPeers.
+type Peers struct {
+	store    *Store
+	id       string
+	ttl      time.Duration
+	every    time.Duration
+	minPeers int64
+	m        *Metrics
+	log      *slog.Logger
+
+	count atomic.Int64
+	now   func() time.Time
+
+	mu     sync.Mutex // guards the fields below
+	beats  int        // heartbeats answered
+	high   int64      // the highest count observed since highAt
+	highAt time.Time
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// NewPeers starts heartbeating id every min(1s, ttl/3). Until the first
+// heartbeat answers, Count returns minPeers.
+func NewPeers(store *Store, id string, ttl time.Duration, minPeers int, log *slog.Logger) *Peers {
+	m := store.opts.Metrics
+	p := &Peers{store: store, id: id, ttl: ttl, every: min(time.Second, ttl/3), minPeers: int64(max(minPeers, 1)), m: m, log: log, stop: make(chan struct{})}
+	p.every = max(p.every, 10*time.Millisecond)
+	p.now = time.Now
+	if store.opts.Clock != nil {
+		p.now = store.opts.Clock
+	}
+	p.count.Store(p.minPeers)
+	m.Peers.Set(float64(p.minPeers))
+	p.Beat(context.Background())
+	p.wg.Add(1)
+	go p.loop()
+	return p
+}
+
+// ID returns this replica's heartbeat id.
+func (p *Peers) ID() string { return p.id }
+
+// Count returns the number of replicas to assume (see Peers), at least 1.
+func (p *Peers) Count() int64 { return p.count.Load() }
+
+// Beat sends one heartbeat and updates the count.
+func (p *Peers) Beat(ctx context.Context) {
+	n, missing, err := p.store.heartbeat(ctx, p.id, p.ttl)
+	if err != nil || n < 1 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	p.beats++
+	if missing && p.beats > 1 {
+		p.log.Info("redis lost the heartbeat set; keeping the highest replica count of the last peer_ttl while peers re-register",
+			"peers", p.high, "for", p.ttl.String(), "replica", p.id)
+	}
+	if n >= p.high || now.Sub(p.highAt) >= p.ttl {
+		p.high, p.highAt = n, now
+	}
+	count := p.high
+	if p.beats < 2 {
+		count = max(count, p.minPeers)
+	}
+	if old := p.count.Swap(count); old != count || p.beats == 1 {
+		p.log.Info("replicas observed through redis", "peers", count, "heard", n, "replica", p.id)
+	}
+	p.m.Peers.Set(float64(count))
+}
+
+func (p *Peers) loop() {
+	defer p.wg.Done()
+	t := time.NewTicker(p.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+			p.Beat(context.Background())
+		}
+	}
+}
+
+// Close stops heartbeating and removes this replica from the set, so the
+// others stop counting it at once.
+func (p *Peers) Close(ctx context.Context) {
+	p.stopOnce.Do(func() { close(p.stop) })
+	p.wg.Wait()
+	p.store.leave(ctx, p.id)
+}

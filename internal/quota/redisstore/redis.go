@@ -1,0 +1,61 @@
+package redisstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/extauthz/extauthz/internal/quota"
+)
+
+// Redis is redis mode: every count in Redis, one atomic script call per
+// decision, timed by the Redis server's clock, whatever the algorithm.
+// Exact across any number of replicas, at the cost of a round trip per
+// decision. For limits that fall back when Redis fails, each decision's
+// remaining count is kept in the table: the level a fallback starts from.
+type Redis struct {
+	store *Store
+	table *Table
+}
+
+var _ quota.Limiter = (*Redis)(nil)
+
+// NewRedis returns a limiter whose counts live in store, keeping the
+// levels Redis reports in table.
+func NewRedis(store *Store, table *Table) *Redis { return &Redis{store: store, table: table} }
+
+// Take implements quota.Limiter. The decision is made at Redis TIME; now
+// only stamps the level kept for a fallback.
+func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, now time.Time) (quota.Decision, error) {
+	var d quota.Decision
+	if l.Algorithm == quota.TokenBucket {
+		ls, err := r.store.lease(ctx, key, l, 1)
+		if err != nil {
+			return quota.Decision{}, err
+		}
+		d = quota.Decision{
+			Allowed:    ls.granted == 1,
+			Limit:      l.Limit,
+			Remaining:  ls.remaining,
+			RetryAfter: ls.wait,
+			ResetAfter: ls.full,
+		}
+	} else {
+		var err error
+		if d, err = r.store.decide(ctx, key, l); err != nil {
+			return quota.Decision{}, err
+		}
+	}
+	if l.OnError == quota.ErrorFallback {
+		// One table operation beside a Redis round trip.
+		r.table.record(key, d.Remaining, now)
+	}
+	return d, nil
+}
+
+// Refund implements Limiter.
+func (r *Redis) Refund(ctx context.Context, key string, l quota.Limit, _ time.Time) error {
+	if l.Algorithm != quota.TokenBucket {
+		return r.store.refund(ctx, key, l)
+	}
+	return r.store.giveBack(ctx, key, 1)
+}

@@ -1,0 +1,101 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/local"
+)
+
+// Resilient wraps a Redis-backed limiter (Redis or Hybrid) so that a Redis
+// failure is never an error to the caller: each limit follows its OnError.
+// With ErrorFallback the key is decided by local.Fallback, with the limit's
+// own algorithm, at limit ÷ peers, so the replicas together stay close to
+// the limit while each decides alone.
+//
+// A fallback never starts from a fresh budget when Redis told this replica
+// something about the key: every decision Redis made (and, in hybrid mode,
+// every lease) left the key's remaining count in the Table, and the
+// fallback bucket holds at most this replica's share of it, brought
+// forward by what the algorithm restores since. That matters most after a
+// call that failed but may have run: a timed-out script may have spent
+// units in Redis. For the same reason, a key Redis has never reported on
+// starts empty after such a call while Redis is up (it refills at the
+// share's rate). A key new to this replica gets a fresh share while the
+// store is marked down, or when the call certainly did not run (a refused
+// connection, say, to one failed master of a Cluster).
+type Resilient struct {
+	primary  quota.Limiter
+	levels   LevelSource
+	fallback *local.Fallback
+	peers    PeerCounter
+	breaker  Breaker
+}
+
+var _ quota.Limiter = (*Resilient)(nil)
+
+// LevelSource says what Redis last reported for a key (Table).
+type LevelSource interface {
+	Level(key string) (local.Level, bool)
+}
+
+// Breaker tells whether a failed call was Redis going down (Store).
+type Breaker interface {
+	AwaitVerdict(ctx context.Context) (down bool)
+}
+
+// NewResilient returns primary with the behaviour above: levels are what
+// the primary recorded, fallback the buckets it falls back to, peers the
+// replica count, breaker the judge of whether a failed call was an outage.
+func NewResilient(primary quota.Limiter, levels LevelSource, fallback *local.Fallback, peers PeerCounter, breaker Breaker) *Resilient {
+	return &Resilient{primary: primary, levels: levels, fallback: fallback, peers: peers, breaker: breaker}
+}
+
+// Take implements quota.Limiter. It returns an error only when ctx is done.
+func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, now time.Time) (quota.Decision, error) {
+	d, err := r.primary.Take(ctx, key, l, now)
+	if err == nil {
+		return d, nil
+	}
+	down := errors.Is(err, ErrStoreDown)
+	if ctxErr := ctx.Err(); ctxErr != nil && !down {
+		return quota.Decision{}, ctxErr // the caller gave up; nobody will read a decision
+	}
+	ran := !down && mayHaveRun(err)
+	if ran && r.breaker.AwaitVerdict(ctx) {
+		// The failure was Redis going down: an outage, not a doubt.
+		ran = false
+	}
+	switch l.OnError {
+	case quota.ErrorAllow:
+		return quota.Decision{Allowed: true, Limit: l.Limit, Remaining: l.Limit - 1, Degraded: quota.DegradedAllow}, nil
+	case quota.ErrorDeny:
+		return quota.Decision{Limit: l.Limit, RetryAfter: time.Second, Degraded: quota.DegradedDeny}, nil
+	}
+	var level *local.Level
+	if lv, ok := r.levels.Level(key); ok {
+		level = &lv
+	}
+	start := local.StartFresh
+	if ran {
+		start = local.StartEmpty
+	}
+	d, err = r.fallback.Take(key, l, r.peers.Count(), now, level, start)
+	if err != nil {
+		return quota.Decision{}, err
+	}
+	d.Degraded = quota.DegradedFallback
+	return d, nil
+}
+
+// Refund implements quota.Limiter: to Redis when it answers, else to the
+// local fallback bucket.
+func (r *Resilient) Refund(ctx context.Context, key string, l quota.Limit, now time.Time) error {
+	if err := r.primary.Refund(ctx, key, l, now); err == nil || l.OnError != quota.ErrorFallback {
+		return nil
+	}
+	r.fallback.Refund(key, l, r.peers.Count(), now)
+	return nil
+}

@@ -1,0 +1,174 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/extauthz/extauthz/internal/quota"
+)
+
+// The scripts, embedded and run by SHA (EVALSHA, falling back to EVAL on
+// NOSCRIPT after a Redis restart or failover empties the script cache).
+// Each decision is one script call: read, decide and write in one atomic
+// step, timed by Redis TIME unless a test injects the time. The token
+// bucket's bucket_lease.lua serves redis and hybrid modes alike.
+var (
+	//go:embed scripts/bucket_lease.lua
+	bucketLeaseSrc string
+	//go:embed scripts/bucket_return.lua
+	bucketReturnSrc string
+	//go:embed scripts/peers.lua
+	peersSrc string
+
+	//go:embed scripts/fixed_window.lua
+	fixedWindowSrc string
+	//go:embed scripts/sliding_window.lua
+	slidingWindowSrc string
+	//go:embed scripts/window_refund.lua
+	windowRefundSrc string
+	//go:embed scripts/sliding_log.lua
+	slidingLogSrc string
+	//go:embed scripts/log_refund.lua
+	logRefundSrc string
+	//go:embed scripts/leaky_bucket.lua
+	leakyBucketSrc string
+
+	bucketLease         = newScript(bucketLeaseSrc)
+	bucketReturn        = newScript(bucketReturnSrc)
+	peersScript         = newScript(peersSrc)
+	fixedWindowScript   = newScript(fixedWindowSrc)
+	slidingWindowScript = newScript(slidingWindowSrc)
+	windowRefundScript  = newScript(windowRefundSrc)
+	slidingLogScript    = newScript(slidingLogSrc)
+	logRefundScript     = newScript(logRefundSrc)
+	leakyBucketScript   = newScript(leakyBucketSrc)
+)
+
+// clockSrc defines now_us, the time every script decides at.
+//
+//go:embed scripts/clock.lua
+var clockSrc string
+
+// scripts lists every script, for Warm.
+var scripts []*redis.Script
+
+// newScript prepends the clock to src and registers the script for Warm.
+func newScript(src string) *redis.Script {
+	s := redis.NewScript(clockSrc + src)
+	scripts = append(scripts, s)
+	return s
+}
+
+// keySuffix keeps each algorithm's state in a key of its own, after the
+// hash tag so it stays in the partition's Cluster slot: a reload that
+// changes a policy's algorithm then never reads a hash as a sorted set
+// (WRONGTYPE) or one algorithm's fields as another's. The token bucket
+// keeps the bare key it has always used.
+var keySuffix = [...]string{
+	quota.TokenBucket:   "",
+	quota.SlidingWindow: ":sw",
+	quota.FixedWindow:   ":fw",
+	quota.SlidingLog:    ":log",
+	quota.LeakyBucket:   ":lb",
+}
+
+// algorithmKey returns the Redis key holding partition's state under
+// algorithm a, such as "rl:{orders:client:ada}:sw".
+func (s *Store) algorithmKey(partition string, a quota.Algorithm) string {
+	return s.key(partition) + keySuffix[a]
+}
+
+// logMembers makes sliding-log members unique across replicas without a
+// Redis round trip: a random prefix per process and a counter.
+var logMembers = struct {
+	prefix string
+	seq    atomic.Uint64
+}{prefix: randomHex(8)}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func nextLogMember() string {
+	return logMembers.prefix + "-" + strconv.FormatUint(logMembers.seq.Add(1), 36)
+}
+
+// decide runs the script of l's algorithm for partition: one atomic call.
+// The token bucket goes through bucket_lease.lua (see Redis.Take).
+func (s *Store) decide(ctx context.Context, partition string, l quota.Limit) (quota.Decision, error) {
+	key := []string{s.algorithmKey(partition, l.Algorithm)}
+	now := s.nowArg(time.Microsecond)
+	var v any
+	var err error
+	switch l.Algorithm {
+	case quota.FixedWindow:
+		v, err = s.run(ctx, "fixed_window", fixedWindowScript, key, windowMicros(l), l.Limit, now)
+	case quota.SlidingWindow:
+		v, err = s.run(ctx, "sliding_window", slidingWindowScript, key, windowMicros(l), l.Limit, now)
+	case quota.SlidingLog:
+		v, err = s.run(ctx, "sliding_log", slidingLogScript, key, windowMicros(l), l.Limit, nextLogMember(), now)
+	case quota.LeakyBucket:
+		v, err = s.run(ctx, "leaky_bucket", leakyBucketScript, key, intervalMicros(l), toleranceMicros(l), now)
+	default:
+		return quota.Decision{}, fmt.Errorf("redisstore: no redis script for algorithm %s", l.Algorithm)
+	}
+	if err != nil {
+		return quota.Decision{}, err
+	}
+	r, ok := v.([]any)
+	if !ok || len(r) != 5 {
+		return quota.Decision{}, fmt.Errorf("redisstore: %s script returned %v", l.Algorithm, v)
+	}
+	n := func(i int) int64 { x, _ := r[i].(int64); return x }
+	us := func(i int) time.Duration { return time.Duration(n(i)) * time.Microsecond }
+	return quota.Decision{
+		Allowed:    n(0) == 1,
+		Limit:      l.Limit,
+		Remaining:  n(1),
+		RetryAfter: us(2),
+		ResetAfter: us(3),
+		Delay:      us(4),
+	}, nil
+}
+
+// refund gives back one unit that decide admitted for partition under l.
+func (s *Store) refund(ctx context.Context, partition string, l quota.Limit) error {
+	key := []string{s.algorithmKey(partition, l.Algorithm)}
+	now := s.nowArg(time.Microsecond)
+	var err error
+	switch l.Algorithm {
+	case quota.FixedWindow:
+		_, err = s.run(ctx, "refund", windowRefundScript, key, windowMicros(l), 0, now)
+	case quota.SlidingWindow:
+		_, err = s.run(ctx, "refund", windowRefundScript, key, windowMicros(l), 1, now)
+	case quota.SlidingLog:
+		_, err = s.run(ctx, "refund", logRefundScript, key)
+	case quota.LeakyBucket:
+		_, err = s.run(ctx, "refund", bucketReturn, key, 1, now)
+	default:
+		return fmt.Errorf("redisstore: no redis script for algorithm %s", l.Algorithm)
+	}
+	return err
+}
+
+// windowMicros formats l's window in whole microseconds, the scripts'
+// resolution for window boundaries.
+func windowMicros(l quota.Limit) string {
+	return strconv.FormatInt(max(int64(l.Window/time.Microsecond), 1), 10)
+}
+
+// toleranceMicros formats a leaky bucket's tolerance in microseconds,
+// keeping the fraction.
+func toleranceMicros(l quota.Limit) string {
+	return strconv.FormatFloat(float64(l.Tolerance())/1e3, 'f', 3, 64)
+}

@@ -1,0 +1,289 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/extauthz/extauthz/internal/quota"
+)
+
+// ErrStoreDown is returned without calling Redis while the store is marked
+// down, and by calls abandoned when it was marked down while they waited.
+var ErrStoreDown = errors.New("redisstore: redis is marked down")
+
+// rediser is the part of a go-redis client the store uses, so a Client or
+// a ClusterClient fits.
+type rediser interface {
+	redis.Scripter
+	Exists(ctx context.Context, keys ...string) *redis.IntCmd
+	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
+}
+
+// DefaultTimeout is the per-call timeout when StoreOptions leaves it zero.
+// Each call's timeout is also kept inside its caller's deadline (Envoy's
+// ext_authz timeout arrives as the gRPC deadline), with a tenth of what
+// remains left over to answer from the fallback.
+const DefaultTimeout = 150 * time.Millisecond
+
+// StoreOptions configures a Store.
+type StoreOptions struct {
+	Prefix  string        // key prefix, such as "rl:"
+	Timeout time.Duration // per call (default DefaultTimeout)
+	Metrics *Metrics      // nil: collectors of its own, registered nowhere
+	Log     *slog.Logger
+	// Probe is a client with its own connections, used only to confirm
+	// that Redis is down and to learn that it is back, so a full decision
+	// pool never delays the verdict. Nil: the decision client.
+	Probe rediser
+	// Clock, for tests only, makes scripts use this time instead of Redis
+	// TIME. Production leaves it nil: every decision uses the Redis
+	// server's clock, never a replica's. Redis still expires keys on its
+	// own clock, so the algorithm scripts then keep keys a minute at least.
+	Clock func() time.Time
+	// StallAfter, ProbeTimeout and ProbeEvery time the breaker (see the
+	// design note in breaker.go); zero means the Default constants.
+	StallAfter   time.Duration
+	ProbeTimeout time.Duration
+	ProbeEvery   time.Duration
+}
+
+// Store runs the limiter scripts against Redis. Every call has a deadline.
+// The breaker (breaker.go) marks the store down when Redis is unavailable;
+// calls then fail at once with ErrStoreDown, so no decision waits on an
+// unreachable Redis, while a probe tests whether it is back.
+type Store struct {
+	rdb   rediser
+	probe rediser
+	opts  StoreOptions
+
+	down   atomic.Bool
+	outage atomic.Pointer[outage] // canceled when the store is marked down
+
+	// The breaker's evidence: calls in flight, the last instant a call
+	// started with none pending or finished (unix ns), the last success,
+	// and whether a confirmation probe is running.
+	inflight atomic.Int64
+	progress atomic.Int64
+	lastOK   atomic.Int64
+	// verdict is closed when the running confirmation probe has decided;
+	// nil while none runs.
+	verdictMu sync.Mutex
+	verdict   chan struct{}
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	closed   atomic.Bool
+	wg       sync.WaitGroup
+}
+
+// NewStore returns a Store using rdb and starts its watch; Close stops it.
+func NewStore(rdb rediser, opts StoreOptions) *Store {
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.StallAfter <= 0 {
+		opts.StallAfter = DefaultStallAfter
+	}
+	if opts.ProbeTimeout <= 0 {
+		opts.ProbeTimeout = DefaultProbeTimeout
+	}
+	if opts.ProbeEvery <= 0 {
+		opts.ProbeEvery = DefaultProbeEvery
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.Probe == nil {
+		opts.Probe = rdb
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = NewMetrics(nil)
+	}
+	s := &Store{rdb: rdb, probe: opts.Probe, opts: opts, stop: make(chan struct{})}
+	s.outage.Store(newOutage())
+	opts.Metrics.Up.Set(1)
+	s.wg.Add(1)
+	go s.watch()
+	return s
+}
+
+// Warm loads every script into Redis (on every master of a Cluster), so
+// the first decisions after start-up or a Redis restart do not pay for a
+// NOSCRIPT round trip and a script upload inside their timeout.
+func (s *Store) Warm(ctx context.Context) error {
+	for _, sc := range scripts {
+		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close stops the watch. It does not close the clients.
+func (s *Store) Close() {
+	s.closed.Store(true)
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.wg.Wait()
+}
+
+// key returns the Redis key of a partition: the prefix, then the partition
+// in a hash tag, so every key a script touches for it lands in one Cluster
+// slot: "rl:{orders:client:ada}".
+func (s *Store) key(partition string) string {
+	return s.opts.Prefix + "{" + partition + "}"
+}
+
+// nowArg is the time argument of a script: empty (Redis TIME) unless a test
+// clock is set. unit is the script's resolution.
+func (s *Store) nowArg(unit time.Duration) string {
+	if s.opts.Clock == nil {
+		return ""
+	}
+	return strconv.FormatInt(s.opts.Clock().UnixNano()/int64(unit), 10)
+}
+
+// timeout is a call's deadline: the store's timeout, kept inside the
+// caller's own deadline with a tenth of the remainder left to answer.
+func (s *Store) timeout(ctx context.Context, now time.Time) time.Duration {
+	t := s.opts.Timeout
+	if dl, ok := ctx.Deadline(); ok {
+		left := dl.Sub(now)
+		t = min(t, left-left/10)
+	}
+	return t
+}
+
+// run calls a script with the store's deadline, breaker and metrics.
+func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys []string, args ...any) (any, error) {
+	o := s.outage.Load()
+	if s.down.Load() {
+		return nil, ErrStoreDown
+	}
+	start := time.Now()
+	t := s.timeout(ctx, start)
+	if t <= 0 {
+		return nil, context.DeadlineExceeded // the caller's budget is spent; Redis is not to blame
+	}
+	// The call runs on its own goroutine so that it can be abandoned when
+	// the store is marked down: go-redis ends a call at its context's
+	// deadline, not when the context is canceled.
+	res := make(chan result, 1)
+	s.begin(start.UnixNano())
+	go func() {
+		callCtx, cancel := context.WithTimeout(ctx, t)
+		v, err := script.Run(callCtx, s.rdb, keys, args...).Result()
+		cancel()
+		s.end(time.Now().UnixNano(), err == nil)
+		res <- result{v, err}
+	}()
+	var v any
+	var err error
+	select {
+	case r := <-res:
+		v, err = r.v, r.err
+	case <-o.ctx.Done():
+		err = o.ctx.Err()
+	}
+	done := time.Now()
+	s.opts.Metrics.Duration.WithLabelValues(op).Observe(done.Sub(start).Seconds())
+	switch {
+	case err == nil:
+		s.opts.Metrics.Calls.WithLabelValues(op, "ok").Inc()
+	case o.ctx.Err() != nil:
+		s.opts.Metrics.Calls.WithLabelValues(op, "abandoned").Inc()
+		err = ErrStoreDown
+	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// The caller went away; that says nothing about Redis.
+		s.opts.Metrics.Calls.WithLabelValues(op, "canceled").Inc()
+	case !unavailable(err):
+		// Redis answered, with an error about this key or script.
+		s.opts.Metrics.Calls.WithLabelValues(op, "error").Inc()
+	default:
+		s.opts.Metrics.Calls.WithLabelValues(op, resultOf(err)).Inc()
+		s.suspect(err)
+	}
+	return v, err
+}
+
+// result is a script call's reply.
+type result struct {
+	v   any
+	err error
+}
+
+// lease is the outcome of one bucket_lease call.
+type lease struct {
+	granted   int64
+	remaining int64         // tokens left in the Redis bucket afterwards
+	wait      time.Duration // until the next token, when none was granted
+	full      time.Duration // until the bucket is full again
+}
+
+// lease takes up to want tokens of partition's bucket under l.
+func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, want int64) (lease, error) {
+	v, err := s.run(ctx, "lease", bucketLease, []string{s.key(partition)},
+		intervalMicros(l), l.Capacity(), want, s.nowArg(time.Microsecond))
+	if err != nil {
+		return lease{}, err
+	}
+	r, ok := v.([]any)
+	if !ok || len(r) != 4 {
+		return lease{}, fmt.Errorf("redisstore: bucket_lease returned %v", v)
+	}
+	n := func(i int) int64 { x, _ := r[i].(int64); return x }
+	return lease{
+		granted:   n(0),
+		remaining: n(1),
+		wait:      time.Duration(n(2)) * time.Microsecond,
+		full:      time.Duration(n(3)) * time.Microsecond,
+	}, nil
+}
+
+// giveBack returns n unspent tokens to partition's bucket.
+func (s *Store) giveBack(ctx context.Context, partition string, n int64) error {
+	_, err := s.run(ctx, "return", bucketReturn, []string{s.key(partition)}, n, s.nowArg(time.Microsecond))
+	return err
+}
+
+// heartbeat records replica id and returns the number of replicas heard
+// within ttl, and whether id's entry was missing from the set.
+func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration) (n int64, missing bool, err error) {
+	v, err := s.run(ctx, "peers", peersScript, []string{s.peersKey()}, id, ttl.Milliseconds(), s.nowArg(time.Microsecond))
+	if err != nil {
+		return 0, false, err
+	}
+	r, _ := v.([]any)
+	if len(r) != 2 {
+		return 0, false, fmt.Errorf("redisstore: peers script returned %v", v)
+	}
+	n, _ = r[0].(int64)
+	a, _ := r[1].(int64)
+	return n, a == 1, nil
+}
+
+// leave removes replica id from the heartbeat set at shutdown, so peers
+// stop counting it at once rather than after the ttl.
+func (s *Store) leave(ctx context.Context, id string) error {
+	if s.down.Load() {
+		return ErrStoreDown
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout*5)
+	defer cancel()
+	return s.rdb.ZRem(ctx, s.peersKey(), id).Err()
+}
+
+func (s *Store) peersKey() string { return s.opts.Prefix + "{peers}" }
+
+// intervalMicros formats l's refill interval in microseconds, keeping the
+// fraction (100 per second is 10000, 3 per second 333333.333).
+func intervalMicros(l quota.Limit) string {
+	return strconv.FormatFloat(float64(l.Window)/float64(l.Limit)/1e3, 'f', 3, 64)
+}

@@ -1,0 +1,127 @@
+package quota
+
+import "fmt"
+
+// State is one key's count under one algorithm: the whole of what local
+// mode keeps per key, and of a Redis-backed key's fallback bucket. The
+// zero value is an empty count (a full bucket, an empty window or log).
+//
+// A State is not safe for concurrent use: the caller serialises access
+// (internal/quota/local keeps each under its cache shard's lock).
+type State struct {
+	alg Algorithm
+	// Token and leaky bucket: tat is the instant (unix ns) at which the
+	// bucket is full again, or the next free slot; iv the refill interval
+	// it was computed with.
+	tat int64
+	iv  int64
+	// counts holds the window counters and the sliding log, allocated
+	// only for those algorithms so the buckets' states stay small.
+	counts *counts
+}
+
+// counts is the state of the counting algorithms.
+type counts struct {
+	win    windowCount // fixed and sliding window counters
+	winLen int64       // the window length win was counted with, ns
+	log    timeLog     // sliding log
+}
+
+// Take decides one unit of l at ns (unix nanoseconds) with the algorithm l
+// names. A state last used with another algorithm (a reload changed it)
+// starts again empty.
+func (s *State) Take(l Limit, ns int64) (Decision, error) {
+	if s.alg != l.Algorithm {
+		s.reset(l.Algorithm)
+	}
+	var d Decision
+	switch l.Algorithm {
+	case TokenBucket, LeakyBucket:
+		if iv := l.Interval(); iv != s.iv {
+			// A reload changed the rate: keep the units in use (or
+			// waiting), not the time they take to drain.
+			s.tat, s.iv = tokenBucketRescale(s.tat, ns, s.iv, iv), iv
+		}
+		if l.Algorithm == TokenBucket {
+			s.tat, d = tokenBucketTake(s.tat, ns, l)
+		} else {
+			s.tat, d = leakyBucketTake(s.tat, ns, l)
+		}
+	case FixedWindow, SlidingWindow:
+		c := s.windows(int64(l.Window))
+		if l.Algorithm == FixedWindow {
+			c.win, d = fixedWindowTake(c.win, ns, l)
+		} else {
+			c.win, d = slidingWindowTake(c.win, ns, l)
+		}
+	case SlidingLog:
+		if s.counts == nil {
+			s.counts = &counts{}
+		}
+		d = slidingLogTake(&s.counts.log, ns, l)
+	default:
+		return Decision{}, fmt.Errorf("quota: unknown algorithm %s", l.Algorithm)
+	}
+	return d, nil
+}
+
+// Refund gives back one unit that Take admitted under l. A state holding
+// no count for l's algorithm has nothing to give back.
+func (s *State) Refund(l Limit, ns int64) {
+	if s.alg != l.Algorithm {
+		return
+	}
+	switch l.Algorithm {
+	case TokenBucket:
+		if s.iv != 0 {
+			s.tat = tokenBucketRefund(s.tat, ns, l)
+		}
+	case LeakyBucket:
+		if s.iv != 0 {
+			s.tat = leakyBucketRefund(s.tat, ns, l)
+		}
+	case FixedWindow:
+		if c := s.counts; c != nil && c.winLen == int64(l.Window) {
+			c.win = fixedWindowRefund(c.win, ns, l)
+		}
+	case SlidingWindow:
+		if c := s.counts; c != nil && c.winLen == int64(l.Window) {
+			c.win = slidingWindowRefund(c.win, ns, l)
+		}
+	case SlidingLog:
+		if s.counts != nil {
+			slidingLogRefund(&s.counts.log)
+		}
+	}
+}
+
+// Counting reports whether the state already counts under l's algorithm,
+// so that what it spent is kept.
+func (s *State) Counting(l Limit) bool {
+	if s.alg != l.Algorithm {
+		return false
+	}
+	switch l.Algorithm {
+	case TokenBucket, LeakyBucket:
+		return s.iv != 0
+	}
+	return s.counts != nil
+}
+
+// reset clears the state for algorithm a.
+func (s *State) reset(a Algorithm) {
+	*s = State{alg: a}
+}
+
+// windows returns the window counters for windows of length w, starting
+// afresh when the length changed: windows of another length do not line
+// up.
+func (s *State) windows(w int64) *counts {
+	if s.counts == nil {
+		s.counts = &counts{}
+	}
+	if c := s.counts; c.winLen != w {
+		c.win, c.winLen = windowCount{}, w
+	}
+	return s.counts
+}

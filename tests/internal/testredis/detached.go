@@ -1,0 +1,169 @@
+package testredis
+
+// The child processes of the benchmark and the demo, which run without a
+// *testing.T: a redis-server on a free loopback port (StartDetached), and
+// servers (extauthz, the no-op ceiling) that announce their addresses in a
+// JSON "serving" log line (Serve). Children are killed by the kernel if
+// the parent dies (Pdeathsig).
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Proc is one child process and what it printed.
+type Proc struct {
+	Name  string
+	Cmd   *exec.Cmd
+	Addr  string // Redis's address, or the gRPC address a server announced
+	Admin string // the admin address a server announced
+	out   *lockedBuffer
+	done  chan struct{}
+}
+
+// Output returns what the process wrote (the first MiB).
+func (p *Proc) Output() string { return p.out.String() }
+
+// Stop sends SIGTERM, waits up to 10s, then kills.
+func (p *Proc) Stop() {
+	if p == nil {
+		return
+	}
+	p.Cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.Cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// start runs bin, keeping its output and handing its stderr to the
+// returned reader as well (for the "serving" line).
+func start(name string, env []string, bin string, args ...string) (*Proc, io.Reader, error) {
+	p := &Proc{Name: name, out: &lockedBuffer{}, done: make(chan struct{})}
+	p.Cmd = exec.Command(bin, args...)
+	p.Cmd.Env = append(os.Environ(), env...)
+	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	pr, pw := io.Pipe()
+	p.Cmd.Stdout = p.out
+	p.Cmd.Stderr = io.MultiWriter(p.out, pw)
+	if err := p.Cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	go func() {
+		p.Cmd.Wait()
+		pw.Close()
+		close(p.done)
+	}()
+	return p, pr, nil
+}
+
+// StartDetached runs redis-server on a free loopback port with no
+// persistence, its working directory dir, tied to no test: Stop ends it.
+func StartDetached(dir string) (*Proc, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server is not on PATH: `make redis-server` installs it (Debian), or apt-get install -y redis-server")
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	p, out, err := start("redis-server", nil, bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir, "--loglevel", "warning")
+	if err != nil {
+		return nil, err
+	}
+	go io.Copy(io.Discard, out)
+	p.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("redis-server exited: %s", p.Output())
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", p.Addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return p, nil
+		}
+		time.Sleep(20 * time.Millisecond) // polling a child process for readiness
+	}
+	p.Stop()
+	return nil, fmt.Errorf("redis-server did not listen on %s within 10s", p.Addr)
+}
+
+// Serve runs bin with args (and env added to the environment) and waits
+// for its JSON "serving" log line, which names the gRPC and admin
+// addresses it got.
+func Serve(name string, env []string, bin string, args ...string) (*Proc, error) {
+	p, out, err := start(name, env, bin, args...)
+	if err != nil {
+		return nil, err
+	}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			var rec map[string]any
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "serving" {
+				p.Addr, _ = rec["grpc"].(string)
+				p.Admin, _ = rec["admin"].(string)
+				close(ready)
+				break
+			}
+		}
+		io.Copy(io.Discard, out)
+	}()
+	select {
+	case <-ready:
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("%s exited before serving:\n%s", name, p.Output())
+	case <-time.After(30 * time.Second):
+		p.Stop()
+		return nil, fmt.Errorf("%s did not serve within 30s:\n%s", name, p.Output())
+	}
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// lockedBuffer keeps the first MiB written to it, for error messages.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.b.Len() < 1<<20 {
+		l.b.Write(p)
+	}
+	return len(p), nil
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

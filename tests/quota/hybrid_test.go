@@ -1,0 +1,336 @@
+package quota_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
+)
+
+// replica is one simulated sidecar: its own cache, store and hybrid
+// limiter, sharing Redis and the clock with the others.
+type replica struct {
+	h *redisstore.Hybrid
+	m *redisstore.Metrics
+}
+
+func newReplicas(t *testing.T, rdb *redis.Client, clk *clock, n, maxKeys int, idle time.Duration) []*replica {
+	t.Helper()
+	var out []*replica
+	for i := 0; i < n; i++ {
+		m := redisstore.NewMetrics(nil)
+		store := redisstore.NewStore(rdb, redisstore.StoreOptions{Prefix: "rl:", Timeout: time.Second, Metrics: m, Log: quiet, Clock: clk.Now})
+		table, err := redisstore.NewTable(maxKeys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := redisstore.NewHybrid(table, store, fixedPeers(n), redisstore.HybridOptions{SliceIdle: idle, Metrics: m, Log: quiet, Now: clk.Now})
+		t.Cleanup(func() { h.Close(context.Background()); store.Close() })
+		out = append(out, &replica{h: h, m: m})
+	}
+	return out
+}
+
+func leaseCalls(m *redisstore.Metrics) float64 {
+	return testutil.ToFloat64(m.Calls.WithLabelValues("lease", "ok"))
+}
+
+// Random replicas, keys, limits and arrivals: hybrid never admits more
+// than a bucket allows (capacity plus what refilled over the run), and
+// under steady traffic it wastes little.
+func TestHybridNeverOverAdmits(t *testing.T) {
+	srv := testredis.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	for seed := uint64(1); seed <= 6; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 99))
+		clk := newClock()
+		n := 2 + rng.IntN(4)
+		reps := newReplicas(t, rdb, clk, n, 1000, time.Hour)
+		type keyState struct {
+			l        quota.Limit
+			admitted int64
+		}
+		keys := make([]*keyState, 1+rng.IntN(4))
+		for i := range keys {
+			l := quota.Limit{Limit: int64(5 + rng.IntN(200)), Window: time.Duration(1+rng.IntN(60)) * time.Second}
+			if rng.IntN(2) == 0 {
+				l.Burst = int64(1 + rng.IntN(300))
+			}
+			keys[i] = &keyState{l: l}
+		}
+		start := clk.Now()
+		steps := 3000 + rng.IntN(3000)
+		for i := 0; i < steps; i++ {
+			// Bursts (no time passes) mixed with pauses.
+			if rng.IntN(4) == 0 {
+				clk.Advance(time.Duration(rng.IntN(int(200 * time.Millisecond))))
+			}
+			k := rng.IntN(len(keys))
+			d, err := reps[rng.IntN(n)].h.Take(ctx, fmt.Sprintf("s%d:k%d", seed, k), keys[k].l, clk.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				keys[k].admitted++
+			}
+		}
+		elapsed := clk.Now().Sub(start)
+		for i, ks := range keys {
+			bound := ks.l.Capacity() + int64(elapsed)/ks.l.Interval()
+			if ks.admitted > bound {
+				t.Fatalf("seed %d key %d (%+v, %d replicas): admitted %d over %v, bound %d", seed, i, ks.l, n, ks.admitted, elapsed, bound)
+			}
+		}
+	}
+}
+
+func TestHybridSteadyTrafficWastesLittle(t *testing.T) {
+	srv := testredis.Start(t)
+	clk := newClock()
+	reps := newReplicas(t, srv.Client(), clk, 3, 1000, time.Hour)
+	ctx := context.Background()
+	l := quota.Limit{Limit: 100, Window: time.Second} // 100 per second
+	admitted := 0
+	// 300 requests per second, round robin, for 20 simulated seconds.
+	for i := 0; i < 6000; i++ {
+		clk.Advance(time.Second / 300)
+		if d, _ := reps[i%3].h.Take(ctx, "steady", l, clk.Now()); d.Allowed {
+			admitted++
+		}
+	}
+	// The bucket allows 100 + 100/s × 20s = 2100. Unspent slice
+	// remainders are the only loss.
+	if admitted > 2100 || admitted < 2100*95/100 {
+		t.Fatalf("admitted %d of a possible 2100", admitted)
+	}
+	t.Logf("steady traffic at 3× the limit over 3 replicas: admitted %d of 2100", admitted)
+}
+
+// Exact near the limit: the seed scenario in one process, 600 requests over
+// three replicas against a bucket of 100, time frozen.
+func TestHybridSeedExact(t *testing.T) {
+	srv := testredis.Start(t)
+	clk := newClock()
+	reps := newReplicas(t, srv.Client(), clk, 3, 1000, time.Hour)
+	ctx := context.Background()
+	l := quota.Limit{Limit: 100, Window: time.Minute}
+	var mu sync.Mutex
+	admitted := 0
+	var wg sync.WaitGroup
+	for w := 0; w < 30; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := w; i < 600; i += 30 {
+				d, err := reps[i%3].h.Take(ctx, "orders:client:ada", l, clk.Now())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					mu.Lock()
+					admitted++
+					mu.Unlock()
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	if admitted != 100 {
+		t.Fatalf("admitted %d, want exactly 100", admitted)
+	}
+}
+
+func TestHybridSingleFlight(t *testing.T) {
+	srv := testredis.Start(t)
+	clk := newClock()
+	r := newReplicas(t, srv.Client(), clk, 1, 1000, time.Hour)[0]
+	ctx := context.Background()
+	l := quota.Limit{Limit: 10000, Window: time.Minute}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := 0; g < 64; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			if d, err := r.h.Take(ctx, "hot", l, clk.Now()); err != nil || !d.Allowed {
+				t.Errorf("Take: %+v %v", d, err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	calls := leaseCalls(r.m)
+	waits := testutil.ToFloat64(r.m.LeaseWaits)
+	t.Logf("64 concurrent first requests: %v lease calls, %v waited", calls, waits)
+	// The first request leases for itself alone (nobody waits yet); the
+	// others wait for it, and the next lease is sized for all of them.
+	if calls > 2 {
+		t.Fatalf("%v lease calls for 64 concurrent misses on one key; want at most 2", calls)
+	}
+}
+
+func TestHybridDenialIsCached(t *testing.T) {
+	srv := testredis.Start(t)
+	clk := newClock()
+	r := newReplicas(t, srv.Client(), clk, 1, 1000, time.Hour)[0]
+	ctx := context.Background()
+	l := quota.Limit{Limit: 2, Window: 2 * time.Second} // a token a second
+	for i := 0; i < 2; i++ {
+		if d, _ := r.h.Take(ctx, "k", l, clk.Now()); !d.Allowed {
+			t.Fatalf("take %d denied", i)
+		}
+	}
+	d, _ := r.h.Take(ctx, "k", l, clk.Now())
+	if d.Allowed || d.RetryAfter != time.Second {
+		t.Fatalf("empty bucket: %+v, want a 1s wait", d)
+	}
+	before := leaseCalls(r.m)
+	clk.Advance(400 * time.Millisecond)
+	for i := 0; i < 100; i++ {
+		d, _ := r.h.Take(ctx, "k", l, clk.Now())
+		if d.Allowed || d.RetryAfter != 600*time.Millisecond {
+			t.Fatalf("cached denial: %+v", d)
+		}
+	}
+	if calls := leaseCalls(r.m) - before; calls != 0 {
+		t.Fatalf("%v Redis calls while the denial was cached", calls)
+	}
+	clk.Advance(600 * time.Millisecond)
+	if d, _ := r.h.Take(ctx, "k", l, clk.Now()); !d.Allowed {
+		t.Fatalf("after the wait: %+v", d)
+	}
+}
+
+// A busy key far from its limit: a slice covers a Horizon (100ms) of the
+// key's traffic, so at 5,000 decisions a second a slice is 500 tokens: two
+// Redis calls per 1,000 decisions.
+func TestHybridCallsPerThousand(t *testing.T) {
+	srv := testredis.Start(t)
+	clk := newClock()
+	r := newReplicas(t, srv.Client(), clk, 3, 1000, time.Hour)[0]
+	ctx := context.Background()
+	l := quota.Limit{Limit: 10_000_000, Window: time.Minute}
+	// Warm up, then measure 10,000 decisions at 5,000 per second.
+	for i := 0; i < 1000; i++ {
+		clk.Advance(200 * time.Microsecond)
+		r.h.Take(ctx, "busy", l, clk.Now())
+	}
+	before := leaseCalls(r.m)
+	for i := 0; i < 10_000; i++ {
+		clk.Advance(200 * time.Microsecond)
+		if d, _ := r.h.Take(ctx, "busy", l, clk.Now()); !d.Allowed {
+			t.Fatal("denied far from the limit")
+		}
+	}
+	perThousand := (leaseCalls(r.m) - before) / 10
+	t.Logf("%.2f Redis calls per 1,000 decisions", perThousand)
+	if perThousand > 2 {
+		t.Fatalf("%.2f Redis calls per 1,000 decisions; a slice of 100ms at 5,000 a second makes 2", perThousand)
+	}
+}
+
+// Unspent tokens go back to Redis when a slice idles out, and at shutdown.
+func TestHybridReturnsUnspentTokens(t *testing.T) {
+	srv := testredis.Start(t)
+	rdb := srv.Client()
+	clk := newClock()
+	r := newReplicas(t, rdb, clk, 1, 1000, time.Second)[0]
+	ctx := context.Background()
+	l := quota.Limit{Limit: 1000, Window: 1000 * time.Hour} // refills too slowly to matter here
+	// Build a rate so slices grow beyond one token.
+	for i := 0; i < 200; i++ {
+		clk.Advance(time.Millisecond)
+		r.h.Take(ctx, "idle", l, clk.Now())
+	}
+	used := func() float64 {
+		v, err := rdb.HGet(ctx, "rl:{idle}", "used").Float64()
+		if err == redis.Nil {
+			return 0
+		}
+		return v
+	}
+	if u := used(); u <= 200 {
+		t.Fatalf("Redis shows %v tokens in use; expected the 200 spent plus an unspent slice", u)
+	}
+	clk.Advance(500 * time.Millisecond)
+	r.h.Sweep(clk.Now(), time.Second, "idle")
+	if u := used(); u <= 200 {
+		t.Fatalf("returned before the slice was idle: %v in use", u)
+	}
+	clk.Advance(600 * time.Millisecond)
+	r.h.Sweep(clk.Now(), time.Second, "idle")
+	if u := used(); u < 199.9 || u > 200.1 {
+		t.Fatalf("after the idle time Redis shows %v tokens in use, want the 200 spent", u)
+	}
+	if got := testutil.ToFloat64(r.m.TokensReturned.WithLabelValues("idle")); got == 0 {
+		t.Fatal("no idle returns counted")
+	}
+
+	// At shutdown every unspent token goes back.
+	for i := 0; i < 50; i++ {
+		clk.Advance(time.Millisecond)
+		r.h.Take(ctx, "idle", l, clk.Now())
+	}
+	r.h.Close(ctx)
+	if u := used(); u < 249.9 || u > 250.1 {
+		t.Fatalf("after Close Redis shows %v tokens in use, want 250", u)
+	}
+}
+
+func TestHybridEvictionReturnsTokens(t *testing.T) {
+	srv := testredis.Start(t)
+	rdb := srv.Client()
+	clk := newClock()
+	r := newReplicas(t, rdb, clk, 1, 2, time.Hour)[0] // room for two keys
+	ctx := context.Background()
+	l := quota.Limit{Limit: 1000, Window: time.Hour}
+	for _, k := range []string{"a", "a", "a", "a", "b", "c"} { // c evicts a
+		clk.Advance(time.Millisecond)
+		r.h.Take(ctx, k, l, clk.Now())
+	}
+	r.h.Close(ctx) // drains the return queue, then returns b's and c's slices
+	for _, k := range []string{"a", "b", "c"} {
+		v, _ := rdb.HGet(ctx, "rl:{"+k+"}", "used").Float64()
+		want := map[string]float64{"a": 4, "b": 1, "c": 1}[k]
+		if v < want-0.01 || v > want+0.01 {
+			t.Fatalf("key %s: %v tokens in use in Redis, want %v", k, v, want)
+		}
+	}
+}
+
+// BenchmarkHybridLeasedSlice is one decision spent from a leased slice: the
+// hot path of hybrid mode, with no I/O.
+func BenchmarkHybridLeasedSlice(b *testing.B) {
+	srv := testredis.Start(b)
+	m := redisstore.NewMetrics(nil)
+	store := redisstore.NewStore(srv.Client(), redisstore.StoreOptions{Prefix: "rl:", Timeout: time.Second, Metrics: m, Log: quiet})
+	defer store.Close()
+	table, _ := redisstore.NewTable(100_000)
+	h := redisstore.NewHybrid(table, store, fixedPeers(1), redisstore.HybridOptions{SliceIdle: time.Hour, Metrics: m, Log: quiet})
+	defer h.Close(context.Background())
+	ctx := context.Background()
+	l := quota.Limit{Limit: 1 << 40, Window: time.Second}
+	now := time.Now()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		// Time stands still: the rate estimate grows, slices grow with it,
+		// and nearly every decision is spent locally.
+		if d, err := h.Take(ctx, "orders:client:ada", l, now); err != nil || !d.Allowed {
+			b.Fatal(d, err)
+		}
+	}
+	b.ReportMetric(leaseCalls(m)/float64(b.N)*1000, "leases/1k")
+}
