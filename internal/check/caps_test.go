@@ -55,7 +55,7 @@ policies:
 	if n := f.cache.Len(); n != 0 {
 		t.Fatalf("over-long keys created %d cache entries", n)
 	}
-	if got := testutil.ToFloat64(f.m.Checks.WithLabelValues(engine.Unauthorized.String())); got != 3 {
+	if got := testutil.ToFloat64(f.m.Checks.WithLabelValues(Door, engine.Unauthorized.String())); got != 3 {
 		t.Fatalf("unauthorized outcomes = %v, want 3", got)
 	}
 	if r := f.check(RequestSpec{Headers: map[string]string{"x-api-key": long}}); !allowed(r) {
@@ -108,7 +108,7 @@ func TestPoliciesMatchedCap(t *testing.T) {
 	if n := cache.Len(); n != 0 {
 		t.Fatalf("refused requests took quota: %d cache entries", n)
 	}
-	if got := testutil.ToFloat64(m.Checks.WithLabelValues(engine.Failed.String())); got != 3 {
+	if got := testutil.ToFloat64(m.Checks.WithLabelValues(Door, engine.Failed.String())); got != 3 {
 		t.Fatalf("error outcomes = %v, want 3", got)
 	}
 	if n := strings.Count(logs.String(), "too many policies"); n != 1 || !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "config=many.yaml") {

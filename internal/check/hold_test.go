@@ -85,7 +85,7 @@ func TestHeldRequestCanceledGivesTheSlotBack(t *testing.T) {
 	if r := f.check(RequestSpec{}); !allowed(r) || rec.holds[len(rec.holds)-1] != 100*time.Millisecond {
 		t.Fatalf("after the cancellation: allowed=%v holds=%v", allowed(r), rec.holds)
 	}
-	if got := testutil.ToFloat64(f.m.Checks.WithLabelValues(engine.Canceled.String())); got != 1 {
+	if got := testutil.ToFloat64(f.m.Checks.WithLabelValues(Door, engine.Canceled.String())); got != 1 {
 		t.Fatalf("canceled checks = %v, want 1", got)
 	}
 	if got := testutil.ToFloat64(f.m.Decisions.WithLabelValues("shaped", "local", "refunded")); got != 1 {

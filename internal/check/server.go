@@ -19,6 +19,9 @@ import (
 	"github.com/extauthz/extauthz/internal/engine"
 )
 
+// Door is this door's name in the metrics: extauthz_checks_total{door="grpc"}.
+const Door = "grpc"
+
 // Server is the Authorization service. It is safe for concurrent use;
 // Update swaps the configuration without blocking Checks in flight.
 type Server struct {
@@ -26,6 +29,7 @@ type Server struct {
 
 	limiters engine.Limiters
 	metrics  *engine.Metrics
+	door     *engine.Door
 	now      func() time.Time
 	engOpts  []engine.Option
 	current  atomic.Pointer[compiled]
@@ -74,7 +78,7 @@ func WithDecisionLog(log *slog.Logger, every int) Option {
 // New returns a Server enforcing cfg with the given limiters, one per mode
 // the configuration uses.
 func New(cfg *config.Config, limiters engine.Limiters, m *engine.Metrics, opts ...Option) (*Server, error) {
-	s := &Server{limiters: limiters, metrics: m}
+	s := &Server{limiters: limiters, metrics: m, door: m.Door(Door)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -121,7 +125,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 		resp = c.pre.deny(&v, c.eng.Config())
 	}
 	took := time.Since(start)
-	s.metrics.Observe(v.Outcome, took.Seconds())
+	s.door.Observe(v.Outcome, took.Seconds())
 	if s.sampleEvery > 0 && s.sampled.Add(1)%s.sampleEvery == 0 {
 		f := resp.GetDynamicMetadata().GetFields()
 		s.log.Debug("decision", "outcome", v.Outcome.String(), "client", f["client"].GetStringValue(),

@@ -15,14 +15,14 @@ type Metrics struct {
 	// Degraded counts decisions made while Redis was unreachable, by
 	// policy and the on_redis_error action taken (fallback, allow, deny).
 	Degraded *prometheus.CounterVec
-	// Checks counts decisions by outcome (see Outcome).
+	// Checks counts answered requests by door (grpc: Envoy's ext_authz
+	// Check) and outcome (see Outcome).
 	Checks *prometheus.CounterVec
-	// CheckDuration is the time from a request's arrival to its answer.
-	CheckDuration prometheus.Histogram
+	// CheckDuration is the time from a request's arrival to its answer,
+	// by door.
+	CheckDuration *prometheus.HistogramVec
 	// ConfigPolicies is the number of policies in the running configuration.
 	ConfigPolicies prometheus.Gauge
-
-	outcomes [outcomeCount]prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them with reg (none when
@@ -40,22 +40,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"policy", "action"}),
 		Checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "checks_total",
-			Help: "Check calls by outcome (ok, over_limit, unauthorized, unavailable, canceled, error).",
-		}, []string{"outcome"}),
-		CheckDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Help: "Answered requests by door (grpc) and outcome (ok, over_limit, unauthorized, unavailable, canceled, error).",
+		}, []string{"door", "outcome"}),
+		CheckDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "check_duration_seconds",
-			Help: "Time from Check's arrival to its answer.",
+			Help: "Time from a request's arrival to its answer, by door.",
 			// From 10µs: local decisions take tens of microseconds, Redis
 			// round trips a few hundred, and Envoy's budget is 200ms.
 			Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3},
-		}),
+		}, []string{"door"}),
 		ConfigPolicies: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "config_policies",
 			Help: "Policies in the running configuration.",
 		}),
-	}
-	for o := Outcome(0); o < outcomeCount; o++ {
-		m.outcomes[o] = m.Checks.WithLabelValues(o.String())
 	}
 	if reg != nil {
 		reg.MustRegister(m.Decisions, m.Degraded, m.Checks, m.CheckDuration, m.ConfigPolicies)
@@ -63,11 +60,28 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// Door is one door's view of the metrics: its requests counted under its
+// name, with the label lookups done once.
+type Door struct {
+	outcomes [outcomeCount]prometheus.Counter
+	duration prometheus.Observer
+}
+
+// Door returns the counters of the door called name ("grpc" for Envoy's
+// ext_authz Check), creating its series.
+func (m *Metrics) Door(name string) *Door {
+	d := &Door{duration: m.CheckDuration.WithLabelValues(name)}
+	for o := Outcome(0); o < outcomeCount; o++ {
+		d.outcomes[o] = m.Checks.WithLabelValues(name, o.String())
+	}
+	return d
+}
+
 // Observe counts one answered request: its outcome and how long it took,
 // in seconds.
-func (m *Metrics) Observe(o Outcome, seconds float64) {
-	m.outcomes[o].Inc()
-	m.CheckDuration.Observe(seconds)
+func (d *Door) Observe(o Outcome, seconds float64) {
+	d.outcomes[o].Inc()
+	d.duration.Observe(seconds)
 }
 
 // counters are one policy's decision counters, resolved once per
