@@ -62,9 +62,9 @@ type countingLimiter struct {
 	takes atomic.Int64
 }
 
-func (c *countingLimiter) Take(ctx context.Context, key string, l quota.Limit, now time.Time) (quota.Decision, error) {
+func (c *countingLimiter) Take(ctx context.Context, key string, l quota.Limit, _ int64, now time.Time) (quota.Decision, error) {
 	c.takes.Add(1)
-	return c.Limiter.Take(ctx, key, l, now)
+	return c.Limiter.Take(ctx, key, l, 1, now)
 }
 
 type fuzzServer struct {

@@ -213,7 +213,7 @@ policies:
 		}
 	}
 	// wide has given 1 unit, not 6: 9 remain.
-	d, _ := local.New(f.cache).Take(context.Background(), "wide", quota.Limit{Limit: 10, Window: time.Minute}, f.now)
+	d, _ := local.New(f.cache).Take(context.Background(), "wide", quota.Limit{Limit: 10, Window: time.Minute}, 1, f.now)
 	if d.Remaining != 8 {
 		t.Fatalf("wide remaining after its 2nd unit = %d, want 8", d.Remaining)
 	}

@@ -44,6 +44,7 @@ type Taken struct {
 	Policy   *Policy
 	Key      string // the partition key
 	Limit    Limit  // the limit that applied (the caller's plan's, for limit: plan)
+	Units    int64  // the units asked for: the request's cost, 1 for a request
 	OK       bool   // allowed (for a shadow policy: would have been)
 	Decision quota.Decision
 }
@@ -100,14 +101,14 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 			v.Outcome, v.Detail, v.Takes = Unauthorized, missingDetail(p), v.Takes[:0]
 			return nil
 		}
-		v.Takes = append(v.Takes, Taken{Policy: p, Key: key, Limit: p.limitFor(caller)})
+		v.Takes = append(v.Takes, Taken{Policy: p, Key: key, Limit: p.limitFor(caller), Units: 1})
 	}
 
 	// 3. Ask every policy for one unit.
 	denied := false
 	for i := range v.Takes {
 		t := &v.Takes[i]
-		d, err := t.Policy.limiter.Take(ctx, t.Key, t.Limit.Limit, now)
+		d, err := t.Policy.limiter.Take(ctx, t.Key, t.Limit.Limit, t.Units, now)
 		if err != nil {
 			e.refund(ctx, v.Takes[:i], now)
 			v.Outcome = Failed
@@ -150,7 +151,7 @@ func (e *Engine) refund(ctx context.Context, takes []Taken, now time.Time) {
 	for i := range takes {
 		t := &takes[i]
 		if t.OK {
-			_ = t.Policy.limiter.Refund(ctx, t.Key, t.Limit.Limit, now)
+			_ = t.Policy.limiter.Refund(ctx, t.Key, t.Limit.Limit, t.Units, now)
 			t.Policy.refunded.Inc()
 		}
 	}

@@ -40,23 +40,31 @@ func (l Limit) Tolerance() int64 {
 	return d
 }
 
-// leakyBucketTake asks for one slot of a leaky bucket whose next free slot
+// leakyBucketTake asks for n slots of a leaky bucket whose next free slot
 // is tat (unix ns; zero is an empty bucket) at now, and returns the new
-// state.
-func leakyBucketTake(tat, now int64, l Limit) (int64, Decision) {
+// state. The request leaves at the first of its slots; the others keep the
+// bucket busy after it. n = 0 decides as for one slot and takes none.
+func leakyBucketTake(tat, now int64, l Limit, n int64) (int64, Decision) {
 	iv := l.Interval()
 	tol := l.Tolerance()
 	slot := max(tat, now)
 	delay := slot - now
 	d := Decision{Limit: l.Limit}
 	if delay <= tol {
-		next := slot + iv
+		next := slot + max(n, 1)*iv
+		if n == 0 {
+			next = slot
+		} else {
+			d.Delay = time.Duration(delay)
+		}
 		d.Allowed = true
-		d.Delay = time.Duration(delay)
-		if ahead := next - now; ahead <= tol {
+		if ahead := max(next-now, 0); ahead <= tol {
 			d.Remaining = (tol-ahead)/iv + 1
 		}
-		d.ResetAfter = time.Duration(next - now)
+		d.ResetAfter = time.Duration(max(next-now, 0))
+		if n == 0 {
+			return tat, d
+		}
 		return next, d
 	}
 	d.RetryAfter = time.Duration(delay - tol)
@@ -64,7 +72,7 @@ func leakyBucketTake(tat, now int64, l Limit) (int64, Decision) {
 	return tat, d
 }
 
-// leakyBucketRefund gives a slot back.
-func leakyBucketRefund(tat, now int64, l Limit) int64 {
-	return max(tat-l.Interval(), now)
+// leakyBucketRefund gives n slots back.
+func leakyBucketRefund(tat, now int64, l Limit, n int64) int64 {
+	return max(tat-n*l.Interval(), now)
 }

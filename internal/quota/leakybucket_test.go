@@ -18,7 +18,7 @@ func runLeakySteps(t *testing.T, l Limit, steps []leakyStep) {
 	var tat int64
 	for i, s := range steps {
 		var d Decision
-		tat, d = leakyBucketTake(tat, at(s.t).UnixNano(), l)
+		tat, d = leakyBucketTake(tat, at(s.t).UnixNano(), l, 1)
 		if d.Allowed != s.allowed || d.Delay != s.delay || d.Remaining != s.remaining || d.RetryAfter != s.retry {
 			t.Fatalf("step %d at +%v: got allowed=%v delay=%v remaining=%d retry=%v; want %v %v %d %v",
 				i, s.t, d.Allowed, d.Delay, d.Remaining, d.RetryAfter, s.allowed, s.delay, s.remaining, s.retry)
@@ -68,17 +68,17 @@ func TestLeakyBucketQueue(t *testing.T) {
 func TestLeakyBucketRefund(t *testing.T) {
 	l := Limit{Algorithm: LeakyBucket, Limit: 10, Window: time.Second, MaxDelay: 150 * time.Millisecond, Queue: -1}
 	now := at(0).UnixNano()
-	tat, _ := leakyBucketTake(0, now, l)
-	tat, d := leakyBucketTake(tat, now, l)
+	tat, _ := leakyBucketTake(0, now, l, 1)
+	tat, d := leakyBucketTake(tat, now, l, 1)
 	if d.Delay != 100*time.Millisecond {
 		t.Fatalf("second request: %+v", d)
 	}
-	tat = leakyBucketRefund(tat, now, l)
-	if _, d = leakyBucketTake(tat, now, l); !d.Allowed || d.Delay != 100*time.Millisecond {
+	tat = leakyBucketRefund(tat, now, l, 1)
+	if _, d = leakyBucketTake(tat, now, l, 1); !d.Allowed || d.Delay != 100*time.Millisecond {
 		t.Fatalf("after a refund the slot is free again: %+v", d)
 	}
 	// Refunds never make a slot in the past.
-	if got := leakyBucketRefund(now, now+int64(time.Second), l); got != now+int64(time.Second) {
+	if got := leakyBucketRefund(now, now+int64(time.Second), l, 1); got != now+int64(time.Second) {
 		t.Fatalf("refund of an empty bucket = %d", got)
 	}
 }

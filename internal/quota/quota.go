@@ -89,7 +89,7 @@ func (l Limit) Interval() int64 {
 	return iv
 }
 
-// Decision is the outcome of asking for one unit.
+// Decision is the outcome of asking for units.
 type Decision struct {
 	Allowed bool
 	// Limit is the quota advertised to clients (RateLimit-Policy q): the
@@ -99,7 +99,8 @@ type Decision struct {
 	// this decision. For example, 99 after the first unit of a full bucket
 	// of 100.
 	Remaining int64
-	// RetryAfter is the wait until one unit is available: 0 when Allowed.
+	// RetryAfter is the wait until the units asked for are available: 0
+	// when Allowed.
 	RetryAfter time.Duration
 	// Delay is how long an allowed request must be held before it goes on
 	// (leaky bucket shaping: its slot is that far away). 0 unless Allowed,
@@ -131,11 +132,14 @@ func (d Degraded) String() string {
 // Limiter decides for one partition key at a time. Implementations are safe
 // for concurrent use.
 type Limiter interface {
-	// Take asks for one unit of key under l at now. An error means the
-	// decision could not be made (for a Redis-backed limiter, the store was
-	// unreachable); the Decision is then meaningless.
-	Take(ctx context.Context, key string, l Limit, now time.Time) (Decision, error)
-	// Refund gives back one unit that Take admitted for key, because another
+	// Take asks for n units of key under l at now, all or none: n is the
+	// request's cost, 1 for one request. n = 0 asks without spending: the
+	// decision is the one one unit would get, and nothing is counted. An
+	// error means the decision could not be made (for a Redis-backed
+	// limiter, the store was unreachable); the Decision is then
+	// meaningless.
+	Take(ctx context.Context, key string, l Limit, n int64, now time.Time) (Decision, error)
+	// Refund gives back n units that Take admitted for key, because another
 	// policy denied the same request. It is best effort.
-	Refund(ctx context.Context, key string, l Limit, now time.Time) error
+	Refund(ctx context.Context, key string, l Limit, n int64, now time.Time) error
 }

@@ -67,8 +67,9 @@ func (g *timeLog) push(t, limit int64) {
 	g.n++
 }
 
-// slidingLogTake asks for one unit of log g at now.
-func slidingLogTake(g *timeLog, now int64, l Limit) Decision {
+// slidingLogTake asks for n units of log g at now; n = 0 decides as for one
+// unit and logs nothing.
+func slidingLogTake(g *timeLog, now int64, l Limit, n int64) Decision {
 	w := int64(l.Window)
 	for g.n > 0 && g.at(0) <= now-w {
 		g.dropOldest()
@@ -78,20 +79,33 @@ func slidingLogTake(g *timeLog, now int64, l Limit) Decision {
 	for int64(g.n) > l.Limit {
 		g.dropOldest()
 	}
-	if int64(g.n) < l.Limit {
-		g.push(now, l.Limit)
-		return Decision{Allowed: true, Limit: l.Limit, Remaining: l.Limit - int64(g.n), ResetAfter: l.Window}
+	spend := max(n, 1)
+	if int64(g.n)+spend <= l.Limit {
+		for i := int64(0); i < n; i++ {
+			g.push(now, l.Limit)
+		}
+		d := Decision{Allowed: true, Limit: l.Limit, Remaining: l.Limit - int64(g.n), ResetAfter: l.Window}
+		if g.n == 0 {
+			d.ResetAfter = 0
+		} else if n == 0 {
+			d.ResetAfter = time.Duration(g.at(g.n-1) + w - now)
+		}
+		return d
 	}
-	return Decision{
-		Limit:      l.Limit,
-		RetryAfter: time.Duration(g.at(0) + w - now),
-		ResetAfter: time.Duration(g.at(g.n-1) + w - now),
+	d := Decision{Limit: l.Limit, ResetAfter: time.Duration(g.at(g.n-1) + w - now)}
+	if spend > l.Limit {
+		d.RetryAfter = d.ResetAfter // never fits; say when the log is empty
+		return d
 	}
+	// The oldest k entries must leave for the n units to fit.
+	k := int64(g.n) + spend - l.Limit
+	d.RetryAfter = time.Duration(g.at(int(k-1)) + w - now)
+	return d
 }
 
-// slidingLogRefund removes the newest entry (see the design note).
-func slidingLogRefund(g *timeLog) {
-	if g.n > 0 {
+// slidingLogRefund removes the n newest entries (see the design note).
+func slidingLogRefund(g *timeLog, n int64) {
+	for ; n > 0 && g.n > 0; n-- {
 		g.dropNewest()
 	}
 }

@@ -19,7 +19,7 @@ func TestSlidingLogSteps(t *testing.T) {
 		{11 * time.Second, false, 0, time.Second, 10 * time.Second},
 		{30 * time.Second, true, 2, 0, 10 * time.Second},
 	} {
-		d := slidingLogTake(g, at(s.t).UnixNano(), l)
+		d := slidingLogTake(g, at(s.t).UnixNano(), l, 1)
 		if d.Allowed != s.allowed || d.Remaining != s.remaining || d.RetryAfter != s.retry || d.ResetAfter != s.reset {
 			t.Fatalf("step %d at +%v: got allowed=%v remaining=%d retry=%v reset=%v; want %v %d %v %v",
 				i, s.t, d.Allowed, d.Remaining, d.RetryAfter, d.ResetAfter, s.allowed, s.remaining, s.retry, s.reset)
@@ -36,20 +36,20 @@ func TestSlidingLogBoundedByLimit(t *testing.T) {
 	l := Limit{Algorithm: SlidingLog, Limit: 1000, Window: time.Hour}
 	g := &timeLog{}
 	for i := 0; i < 5000; i++ {
-		slidingLogTake(g, at(time.Duration(i)*time.Millisecond).UnixNano(), l)
+		slidingLogTake(g, at(time.Duration(i)*time.Millisecond).UnixNano(), l, 1)
 	}
 	if g.n != 1000 || len(g.ts) != 1000 {
 		t.Fatalf("%d entries in a ring of %d; want both 1000", g.n, len(g.ts))
 	}
 	l.Limit = 10
-	d := slidingLogTake(g, at(5*time.Second).UnixNano(), l)
+	d := slidingLogTake(g, at(5*time.Second).UnixNano(), l, 1)
 	// The newest 10 were admitted at +990ms..+999ms; the oldest of them
 	// leaves at +990ms + 1h.
 	if d.Allowed || d.RetryAfter != time.Hour+990*time.Millisecond-5*time.Second {
 		t.Fatalf("after lowering the limit: %+v", d)
 	}
 	// Everything expires: the ring's memory is released.
-	slidingLogTake(g, at(3*time.Hour).UnixNano(), l)
+	slidingLogTake(g, at(3*time.Hour).UnixNano(), l, 1)
 	if g.n != 1 || len(g.ts) != 8 {
 		t.Fatalf("after expiry: %d entries in a ring of %d", g.n, len(g.ts))
 	}

@@ -27,10 +27,10 @@ type counts struct {
 	log    timeLog     // sliding log
 }
 
-// Take decides one unit of l at ns (unix nanoseconds) with the algorithm l
-// names. A state last used with another algorithm (a reload changed it)
-// starts again empty.
-func (s *State) Take(l Limit, ns int64) (Decision, error) {
+// Take decides n units of l at ns (unix nanoseconds) with the algorithm l
+// names, all or none (n = 0: as for one, counting nothing). A state last
+// used with another algorithm (a reload changed it) starts again empty.
+func (s *State) Take(l Limit, n, ns int64) (Decision, error) {
 	if s.alg != l.Algorithm {
 		s.reset(l.Algorithm)
 	}
@@ -43,54 +43,54 @@ func (s *State) Take(l Limit, ns int64) (Decision, error) {
 			s.tat, s.iv = tokenBucketRescale(s.tat, ns, s.iv, iv), iv
 		}
 		if l.Algorithm == TokenBucket {
-			s.tat, d = tokenBucketTake(s.tat, ns, l)
+			s.tat, d = tokenBucketTake(s.tat, ns, l, n)
 		} else {
-			s.tat, d = leakyBucketTake(s.tat, ns, l)
+			s.tat, d = leakyBucketTake(s.tat, ns, l, n)
 		}
 	case FixedWindow, SlidingWindow:
 		c := s.windows(int64(l.Window))
 		if l.Algorithm == FixedWindow {
-			c.win, d = fixedWindowTake(c.win, ns, l)
+			c.win, d = fixedWindowTake(c.win, ns, l, n)
 		} else {
-			c.win, d = slidingWindowTake(c.win, ns, l)
+			c.win, d = slidingWindowTake(c.win, ns, l, n)
 		}
 	case SlidingLog:
 		if s.counts == nil {
 			s.counts = &counts{}
 		}
-		d = slidingLogTake(&s.counts.log, ns, l)
+		d = slidingLogTake(&s.counts.log, ns, l, n)
 	default:
 		return Decision{}, fmt.Errorf("quota: unknown algorithm %s", l.Algorithm)
 	}
 	return d, nil
 }
 
-// Refund gives back one unit that Take admitted under l. A state holding
-// no count for l's algorithm has nothing to give back.
-func (s *State) Refund(l Limit, ns int64) {
+// Refund gives back n units that Take admitted under l. A state holding no
+// count for l's algorithm has nothing to give back.
+func (s *State) Refund(l Limit, n, ns int64) {
 	if s.alg != l.Algorithm {
 		return
 	}
 	switch l.Algorithm {
 	case TokenBucket:
 		if s.iv != 0 {
-			s.tat = tokenBucketRefund(s.tat, ns, l)
+			s.tat = tokenBucketRefund(s.tat, ns, l, n)
 		}
 	case LeakyBucket:
 		if s.iv != 0 {
-			s.tat = leakyBucketRefund(s.tat, ns, l)
+			s.tat = leakyBucketRefund(s.tat, ns, l, n)
 		}
 	case FixedWindow:
 		if c := s.counts; c != nil && c.winLen == int64(l.Window) {
-			c.win = fixedWindowRefund(c.win, ns, l)
+			c.win = fixedWindowRefund(c.win, ns, l, n)
 		}
 	case SlidingWindow:
 		if c := s.counts; c != nil && c.winLen == int64(l.Window) {
-			c.win = slidingWindowRefund(c.win, ns, l)
+			c.win = slidingWindowRefund(c.win, ns, l, n)
 		}
 	case SlidingLog:
 		if s.counts != nil {
-			slidingLogRefund(&s.counts.log)
+			slidingLogRefund(&s.counts.log, n)
 		}
 	}
 }

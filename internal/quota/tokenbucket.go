@@ -8,17 +8,23 @@ import "time"
 // (C*T - (tat-now)) / T tokens; taking a unit pushes tat forward by T. One
 // integer per key, no floating point, and exact at the nanosecond.
 
-// tokenBucketTake asks for one unit of a bucket whose state is tat (unix
+// tokenBucketTake asks for n units of a bucket whose state is tat (unix
 // nanoseconds; zero is a full bucket) at now, and returns the new state.
-func tokenBucketTake(tat, now int64, l Limit) (int64, Decision) {
+// n = 0 decides as for one unit and spends nothing.
+func tokenBucketTake(tat, now int64, l Limit, n int64) (int64, Decision) {
 	iv := l.Interval()
 	capacity := l.Capacity()
 	tau := capacity * iv // time a full bucket takes to refill from empty
 	base := max(tat, now)
-	next := base + iv
+	next := base + max(n, 1)*iv
 	d := Decision{Limit: l.Limit}
 	if next-now <= tau {
 		d.Allowed = true
+		if n == 0 {
+			d.Remaining = (tau - (base - now)) / iv
+			d.ResetAfter = time.Duration(base - now)
+			return tat, d
+		}
 		d.Remaining = (tau - (next - now)) / iv
 		d.ResetAfter = time.Duration(next - now)
 		return next, d
@@ -29,10 +35,10 @@ func tokenBucketTake(tat, now int64, l Limit) (int64, Decision) {
 	return tat, d
 }
 
-// tokenBucketRefund gives one unit back: tat moves back by one interval,
+// tokenBucketRefund gives n units back: tat moves back by n intervals,
 // never below now (a bucket cannot hold more than its capacity).
-func tokenBucketRefund(tat, now int64, l Limit) int64 {
-	return max(tat-l.Interval(), now)
+func tokenBucketRefund(tat, now int64, l Limit, n int64) int64 {
+	return max(tat-n*l.Interval(), now)
 }
 
 // tokenBucketRescale converts a bucket's state kept at interval oldIv to

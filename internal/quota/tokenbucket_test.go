@@ -22,7 +22,7 @@ func runSteps(t *testing.T, l Limit, steps []step) {
 	var tat int64
 	for i, s := range steps {
 		var d Decision
-		tat, d = tokenBucketTake(tat, at(s.t).UnixNano(), l)
+		tat, d = tokenBucketTake(tat, at(s.t).UnixNano(), l, 1)
 		if d.Allowed != s.allowed || d.Remaining != s.remaining || d.RetryAfter != s.retry || d.ResetAfter != s.reset {
 			t.Fatalf("step %d at +%v: got allowed=%v remaining=%d retry=%v reset=%v; want %v %d %v %v",
 				i, s.t, d.Allowed, d.Remaining, d.RetryAfter, d.ResetAfter, s.allowed, s.remaining, s.retry, s.reset)
@@ -66,16 +66,16 @@ func TestTokenBucketBurst(t *testing.T) {
 func TestTokenBucketRefundNeverOverfills(t *testing.T) {
 	l := Limit{Limit: 10, Window: 10 * time.Second}
 	now := at(0).UnixNano()
-	tat, d := tokenBucketTake(0, now, l)
+	tat, d := tokenBucketTake(0, now, l, 1)
 	if !d.Allowed || d.Remaining != 9 {
 		t.Fatalf("first take: %+v", d)
 	}
-	tat = tokenBucketRefund(tat, now, l)
-	tat = tokenBucketRefund(tat, now, l) // a second refund must not add an 11th token
+	tat = tokenBucketRefund(tat, now, l, 1)
+	tat = tokenBucketRefund(tat, now, l, 1) // a second refund must not add an 11th token
 	var got int
 	for i := 0; i < 20; i++ {
 		var d Decision
-		if tat, d = tokenBucketTake(tat, now, l); d.Allowed {
+		if tat, d = tokenBucketTake(tat, now, l, 1); d.Allowed {
 			got++
 		}
 	}
@@ -93,7 +93,7 @@ func TestTokenBucketExactOverWindow(t *testing.T) {
 	admitted := 0
 	for ms := 0; ms < 120_000; ms += 10 {
 		var d Decision
-		tat, d = tokenBucketTake(tat, at(time.Duration(ms)*time.Millisecond).UnixNano(), l)
+		tat, d = tokenBucketTake(tat, at(time.Duration(ms)*time.Millisecond).UnixNano(), l, 1)
 		if d.Allowed {
 			admitted++
 		}

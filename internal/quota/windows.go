@@ -38,6 +38,8 @@ import (
 //	cur + 1 ≤ limit:  t = W × (prev − (limit − cur − 1)) / prev     (within this window)
 //	cur ≥ limit:      t = W + W × (cur − (limit − 1)) / cur         (within the next one)
 //
+// and for n units at once, the same with n in place of 1.
+//
 // and the wait is t − e, rounded up to the nanosecond (to the microsecond in
 // Redis), so a client that retries on time is admitted. Example: limit 100
 // per minute, 100 requests in the previous window, none yet in this one,
@@ -71,15 +73,16 @@ func (st windowCount) roll(now, w int64) windowCount {
 	return windowCount{start: ws}
 }
 
-// fixedWindowTake asks for one unit of a fixed window counter at now.
-func fixedWindowTake(st windowCount, now int64, l Limit) (windowCount, Decision) {
+// fixedWindowTake asks for n units of a fixed window counter at now; n = 0
+// decides as for one unit and counts nothing.
+func fixedWindowTake(st windowCount, now int64, l Limit, n int64) (windowCount, Decision) {
 	w := int64(l.Window)
 	st = st.roll(now, w)
 	st.prev = 0 // a fixed window forgets the previous one entirely
 	left := time.Duration(st.start + w - now)
 	d := Decision{Limit: l.Limit, ResetAfter: left}
-	if st.cur < l.Limit {
-		st.cur++
+	if st.cur+max(n, 1) <= l.Limit {
+		st.cur += n
 		d.Allowed = true
 		d.Remaining = l.Limit - st.cur
 		return st, d
@@ -88,29 +91,37 @@ func fixedWindowTake(st windowCount, now int64, l Limit) (windowCount, Decision)
 	return st, d
 }
 
-// fixedWindowRefund gives one unit back to the window holding now. A unit
-// counted in a window that has since ended is gone with it.
-func fixedWindowRefund(st windowCount, now int64, l Limit) windowCount {
-	if st.start == windowStart(now, int64(l.Window)) && st.cur > 0 {
-		st.cur--
+// fixedWindowRefund gives n units back to the window holding now. Units
+// counted in a window that has since ended are gone with it.
+func fixedWindowRefund(st windowCount, now int64, l Limit, n int64) windowCount {
+	if st.start == windowStart(now, int64(l.Window)) {
+		st.cur = max(st.cur-n, 0)
 	}
 	return st
 }
 
-// slidingWindowTake asks for one unit of a sliding window counter at now.
-func slidingWindowTake(st windowCount, now int64, l Limit) (windowCount, Decision) {
+// slidingWindowTake asks for n units of a sliding window counter at now;
+// n = 0 decides as for one unit and counts nothing.
+func slidingWindowTake(st windowCount, now int64, l Limit, n int64) (windowCount, Decision) {
 	w := int64(l.Window)
 	st = st.roll(now, w)
 	e := now - st.start
 	d := Decision{Limit: l.Limit}
-	if slidingFits(st.prev, st.cur+1, l.Limit, w, e) {
-		st.cur++
+	spend := max(n, 1)
+	if slidingFits(st.prev, st.cur+spend, l.Limit, w, e) {
+		st.cur += n
 		d.Allowed = true
 		d.Remaining = slidingRemaining(st.prev, st.cur, l.Limit, w, e)
 		d.ResetAfter = time.Duration(2*w - e)
+		if st.cur == 0 {
+			d.ResetAfter = time.Duration(max(w-e, 0))
+			if st.prev == 0 {
+				d.ResetAfter = 0
+			}
+		}
 		return st, d
 	}
-	d.RetryAfter = time.Duration(slidingWait(st.prev, st.cur, l.Limit, w, e))
+	d.RetryAfter = time.Duration(slidingWait(st.prev, st.cur, l.Limit, w, e, spend))
 	switch {
 	case st.cur > 0:
 		d.ResetAfter = time.Duration(2*w - e)
@@ -120,18 +131,18 @@ func slidingWindowTake(st windowCount, now int64, l Limit) (windowCount, Decisio
 	return st, d
 }
 
-// slidingWindowRefund gives one unit back. The unit was counted in the
-// current window, or, when the window turned between take and refund, in
-// what is now the previous one.
-func slidingWindowRefund(st windowCount, now int64, l Limit) windowCount {
+// slidingWindowRefund gives n units back. They were counted in the current
+// window, or, when the window turned between take and refund, in what is
+// now the previous one.
+func slidingWindowRefund(st windowCount, now int64, l Limit, n int64) windowCount {
 	w := int64(l.Window)
 	ws := windowStart(now, w)
 	switch st.start {
 	case ws:
-		st.cur = max(st.cur-1, 0)
+		st.cur = max(st.cur-n, 0)
 	case ws - w:
 		st = st.roll(now, w)
-		st.prev = max(st.prev-1, 0)
+		st.prev = max(st.prev-n, 0)
 	}
 	return st
 }
@@ -153,15 +164,19 @@ func slidingRemaining(prev, cur, limit, w, e int64) int64 {
 	return int64(q)
 }
 
-// slidingWait is the time from e until estimate + 1 ≤ limit, with the
-// counts as they are (see the design note above). It assumes the request
-// does not fit now.
-func slidingWait(prev, cur, limit, w, e int64) int64 {
-	if cur+1 <= limit {
-		// prev > 0 here, or the request would fit.
-		return ceilDiv128(mul128(w, prev-(limit-cur-1)), prev) - e
+// slidingWait is the time from e until estimate + n ≤ limit, with the
+// counts as they are (see the design note above, there for n = 1). It
+// assumes the units do not fit now. n units that exceed the limit never
+// fit; the wait is then until both windows' counts are gone.
+func slidingWait(prev, cur, limit, w, e, n int64) int64 {
+	switch {
+	case n > limit:
+		return 2*w - e
+	case cur+n <= limit:
+		// prev > 0 here, or the units would fit.
+		return ceilDiv128(mul128(w, prev-(limit-cur-n)), prev) - e
 	}
-	return w + ceilDiv128(mul128(w, cur-(limit-1)), cur) - e
+	return w + ceilDiv128(mul128(w, cur-(limit-n)), cur) - e
 }
 
 // u128 is an unsigned 128-bit integer, for products of counts and

@@ -22,12 +22,12 @@ type windowStep struct {
 	reset     time.Duration
 }
 
-func runWindowSteps(t *testing.T, take func(windowCount, int64, Limit) (windowCount, Decision), l Limit, steps []windowStep) windowCount {
+func runWindowSteps(t *testing.T, take func(windowCount, int64, Limit, int64) (windowCount, Decision), l Limit, steps []windowStep) windowCount {
 	t.Helper()
 	var st windowCount
 	for i, s := range steps {
 		var d Decision
-		st, d = take(st, at(s.t).UnixNano(), l)
+		st, d = take(st, at(s.t).UnixNano(), l, 1)
 		if d.Allowed != s.allowed || d.Remaining != s.remaining || d.RetryAfter != s.retry || d.ResetAfter != s.reset || d.Limit != l.Limit {
 			t.Fatalf("step %d at +%v: got allowed=%v remaining=%d retry=%v reset=%v; want %v %d %v %v",
 				i, s.t, d.Allowed, d.Remaining, d.RetryAfter, d.ResetAfter, s.allowed, s.remaining, s.retry, s.reset)
@@ -49,12 +49,12 @@ func TestFixedWindowSteps(t *testing.T) {
 	})
 	// A refund in the same window gives the unit back; one from a window
 	// that has ended gives nothing.
-	st = fixedWindowRefund(st, at(46*time.Second).UnixNano(), l)
+	st = fixedWindowRefund(st, at(46*time.Second).UnixNano(), l, 1)
 	if st.cur != 0 {
 		t.Fatalf("after refund cur = %d, want 0", st.cur)
 	}
 	st.cur = 2
-	if got := fixedWindowRefund(st, at(50*time.Second).UnixNano(), l); got.cur != 2 || got.start != st.start {
+	if got := fixedWindowRefund(st, at(50*time.Second).UnixNano(), l, 1); got.cur != 2 || got.start != st.start {
 		t.Fatalf("refund into the next window changed the old one: %+v", got)
 	}
 }
@@ -97,7 +97,7 @@ func TestSlidingWindowWaitIsExact(t *testing.T) {
 		w := int64(l.Window)
 		st := windowCount{start: windowStart(t0.UnixNano(), w), prev: rng.Int64N(3 * l.Limit), cur: rng.Int64N(l.Limit + 2)}
 		now := st.start + rng.Int64N(w)
-		_, d := slidingWindowTake(st, now, l)
+		_, d := slidingWindowTake(st, now, l, 1)
 		if d.Allowed {
 			continue
 		}
@@ -105,10 +105,10 @@ func TestSlidingWindowWaitIsExact(t *testing.T) {
 		if wait <= 0 {
 			t.Fatalf("%+v at +%d: rejected with wait %v", st, now-st.start, d.RetryAfter)
 		}
-		if _, d2 := slidingWindowTake(st, now+wait, l); !d2.Allowed {
+		if _, d2 := slidingWindowTake(st, now+wait, l, 1); !d2.Allowed {
 			t.Fatalf("%+v limit %d: rejected again after the wait %v", st, l.Limit, d.RetryAfter)
 		}
-		if _, d2 := slidingWindowTake(st, now+wait-1, l); d2.Allowed {
+		if _, d2 := slidingWindowTake(st, now+wait-1, l, 1); d2.Allowed {
 			t.Fatalf("%+v limit %d: admitted 1ns before the wait %v", st, l.Limit, d.RetryAfter)
 		}
 	}

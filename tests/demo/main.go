@@ -319,7 +319,7 @@ func boundaryBurst(rdb *redis.Client) error {
 	burst := func(lim quota.Limiter, key string, l quota.Limit, n int) (int, quota.Decision, error) {
 		admitted, first, rejected := 0, quota.Decision{}, false
 		for i := 0; i < n; i++ {
-			d, err := lim.Take(ctx, key, l, clk.Now())
+			d, err := lim.Take(ctx, key, l, 1, clk.Now())
 			if err != nil {
 				return 0, d, err
 			}

@@ -39,13 +39,13 @@ func TestAlgorithmKeys(t *testing.T) {
 	}
 	for _, a := range allAlgorithms {
 		l := perMinute(a)
-		if _, err := r.Take(ctx, "orders:client:ada", l, time.Now()); err != nil {
+		if _, err := r.Take(ctx, "orders:client:ada", l, 1, time.Now()); err != nil {
 			t.Fatalf("%s: %v", a, err)
 		}
 		if a == quota.LeakyBucket { // the second slot is held for 600ms: > max_delay
 			l.MaxDelay = 150 * time.Millisecond
 			l.Window = 10 * time.Second
-			r.Take(ctx, "orders:client:ada", l, time.Now())
+			r.Take(ctx, "orders:client:ada", l, 1, time.Now())
 		}
 		key := wantKey[a]
 		pttl := rdb.PTTL(ctx, key).Val()
@@ -75,7 +75,7 @@ func TestSlidingLogMemory(t *testing.T) {
 		part := fmt.Sprintf("mem:%d", n)
 		for i := 0; i < n; i++ {
 			clk.Advance(time.Millisecond)
-			if d, err := r.Take(ctx, part, l, clk.Now()); err != nil || !d.Allowed {
+			if d, err := r.Take(ctx, part, l, 1, clk.Now()); err != nil || !d.Allowed {
 				t.Fatalf("take %d of %d: %+v %v", i, n, d, err)
 			}
 		}
@@ -110,7 +110,7 @@ func TestHybridOtherAlgorithmsAreExact(t *testing.T) {
 		}
 		admitted := 0
 		for i := 0; i < 600; i++ {
-			d, err := reps[i%3].h.Take(ctx, "hyb:"+a.String(), l, clk.Now())
+			d, err := reps[i%3].h.Take(ctx, "hyb:"+a.String(), l, 1, clk.Now())
 			if err != nil {
 				t.Fatal(err)
 			}

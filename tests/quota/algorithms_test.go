@@ -27,7 +27,7 @@ type backend struct {
 
 func (b backend) take(t *testing.T, key string, l quota.Limit) quota.Decision {
 	t.Helper()
-	d, err := b.lim.Take(context.Background(), key, l, b.clk.Now())
+	d, err := b.lim.Take(context.Background(), key, l, 1, b.clk.Now())
 	if err != nil {
 		t.Fatalf("%s: Take: %v", b.name, err)
 	}
@@ -236,7 +236,7 @@ func TestRefundUndoesTake(t *testing.T) {
 				for i := 0; i < k; i++ {
 					b.take(t, got, l)
 				}
-				if err := b.lim.Refund(ctx, got, l, b.clk.Now()); err != nil {
+				if err := b.lim.Refund(ctx, got, l, 1, b.clk.Now()); err != nil {
 					t.Fatalf("%s %s: Refund: %v", b.name, a, err)
 				}
 				want, have := b.take(t, ref, l), b.take(t, got, l)
@@ -282,9 +282,52 @@ func TestScriptsMatchLocal(t *testing.T) {
 					t.Fatalf("%s %+v step %d at +%v: redis %+v, local %+v", a, l, i, local.clk.Now().Sub(t0), got, want)
 				}
 				if rng.IntN(10) == 0 && want.Allowed {
-					local.lim.Refund(context.Background(), key, l, local.clk.Now())
-					rds.lim.Refund(context.Background(), key, l, rds.clk.Now())
+					local.lim.Refund(context.Background(), key, l, 1, local.clk.Now())
+					rds.lim.Refund(context.Background(), key, l, 1, rds.clk.Now())
 				}
+			}
+		}
+	}
+}
+
+// Requests of several units, questions (0 units) and refunds of several:
+// the Lua scripts and the Go algorithms still decide alike, every
+// algorithm included.
+func TestScriptsMatchLocalWithCosts(t *testing.T) {
+	bs := backends(t)
+	local, rds := bs[0], bs[1]
+	ctx := context.Background()
+	for _, a := range allAlgorithms {
+		l := quota.Limit{Algorithm: a, Limit: 12, Window: 12 * time.Second, Queue: -1, MaxDelay: 150 * time.Millisecond}
+		if a == quota.LeakyBucket {
+			l.MaxDelay = 5 * time.Second // several slots may wait: costs queue up
+		}
+		rng := rand.New(rand.NewPCG(uint64(a), 99))
+		key := fmt.Sprintf("costs:%s", a)
+		local.clk.Set(at(0))
+		rds.clk.Set(at(0))
+		for i := 0; i < 400; i++ {
+			step := time.Duration(rng.Int64N(1500)) * time.Millisecond
+			local.clk.Advance(step)
+			rds.clk.Advance(step)
+			units := []int64{0, 1, 1, 2, 3, 5}[rng.IntN(6)]
+			want, err := local.lim.Take(ctx, key, l, units, local.clk.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := rds.lim.Take(ctx, key, l, units, rds.clk.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Allowed != want.Allowed || got.Remaining != want.Remaining ||
+				absDur(got.RetryAfter-want.RetryAfter) > 2*time.Microsecond ||
+				absDur(got.ResetAfter-want.ResetAfter) > 2*time.Microsecond ||
+				absDur(got.Delay-want.Delay) > 2*time.Microsecond {
+				t.Fatalf("%s step %d (%d units) at +%v: redis %+v, local %+v", a, i, units, local.clk.Now().Sub(t0), got, want)
+			}
+			if units > 0 && want.Allowed && rng.IntN(8) == 0 {
+				local.lim.Refund(ctx, key, l, units, local.clk.Now())
+				rds.lim.Refund(ctx, key, l, units, rds.clk.Now())
 			}
 		}
 	}

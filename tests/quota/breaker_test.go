@@ -48,7 +48,7 @@ var tenPerSecond = quota.Limit{Limit: 10, Window: time.Second}
 
 // take asks for one unit of key.
 func (r *breakerRig) take(ctx context.Context, key string) error {
-	_, err := r.lim.Take(ctx, key, tenPerSecond, time.Now())
+	_, err := r.lim.Take(ctx, key, tenPerSecond, 1, time.Now())
 	return err
 }
 

@@ -45,7 +45,7 @@ func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 	// returns how many were admitted from Redis and how many by fallback.
 	take := func() (fromRedis, fallback int) {
 		for i := 0; i < 200; i++ {
-			d, err := r.Take(ctx, "k", l, clk.Now())
+			d, err := r.Take(ctx, "k", l, 1, clk.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -62,7 +62,7 @@ func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 		return
 	}
 	for i := 0; i < 60; i++ {
-		if d, err := r.Take(ctx, "k", l, clk.Now()); err != nil || !d.Allowed || d.Degraded != 0 {
+		if d, err := r.Take(ctx, "k", l, 1, clk.Now()); err != nil || !d.Allowed || d.Degraded != 0 {
 			t.Fatalf("decision %d with Redis up: %+v %v", i, d, err)
 		}
 	}

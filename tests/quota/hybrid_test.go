@@ -44,9 +44,10 @@ func leaseCalls(m *redisstore.Metrics) float64 {
 	return testutil.ToFloat64(m.Calls.WithLabelValues("lease", "ok"))
 }
 
-// Random replicas, keys, limits and arrivals: hybrid never admits more
-// than a bucket allows (capacity plus what refilled over the run), and
-// under steady traffic it wastes little.
+// Random replicas, keys, limits, arrivals and costs (most requests one
+// unit, some several, some asking without spending): hybrid never admits
+// more units than a bucket allows (capacity plus what refilled over the
+// run).
 func TestHybridNeverOverAdmits(t *testing.T) {
 	srv := testredis.Start(t)
 	rdb := srv.Client()
@@ -75,20 +76,23 @@ func TestHybridNeverOverAdmits(t *testing.T) {
 			if rng.IntN(4) == 0 {
 				clk.Advance(time.Duration(rng.IntN(int(200 * time.Millisecond))))
 			}
+			// Most requests cost one unit; some cost several, some
+			// ask without spending.
 			k := rng.IntN(len(keys))
-			d, err := reps[rng.IntN(n)].h.Take(ctx, fmt.Sprintf("s%d:k%d", seed, k), keys[k].l, clk.Now())
+			units := []int64{1, 1, 1, 1, 2, 3, 0}[rng.IntN(7)]
+			d, err := reps[rng.IntN(n)].h.Take(ctx, fmt.Sprintf("s%d:k%d", seed, k), keys[k].l, units, clk.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
 			if d.Allowed {
-				keys[k].admitted++
+				keys[k].admitted += units
 			}
 		}
 		elapsed := clk.Now().Sub(start)
 		for i, ks := range keys {
 			bound := ks.l.Capacity() + int64(elapsed)/ks.l.Interval()
 			if ks.admitted > bound {
-				t.Fatalf("seed %d key %d (%+v, %d replicas): admitted %d over %v, bound %d", seed, i, ks.l, n, ks.admitted, elapsed, bound)
+				t.Fatalf("seed %d key %d (%+v, %d replicas): admitted %d units over %v, bound %d", seed, i, ks.l, n, ks.admitted, elapsed, bound)
 			}
 		}
 	}
@@ -104,7 +108,7 @@ func TestHybridSteadyTrafficWastesLittle(t *testing.T) {
 	// 300 requests per second, round robin, for 20 simulated seconds.
 	for i := 0; i < 6000; i++ {
 		clk.Advance(time.Second / 300)
-		if d, _ := reps[i%3].h.Take(ctx, "steady", l, clk.Now()); d.Allowed {
+		if d, _ := reps[i%3].h.Take(ctx, "steady", l, 1, clk.Now()); d.Allowed {
 			admitted++
 		}
 	}
@@ -132,7 +136,7 @@ func TestHybridSeedExact(t *testing.T) {
 		go func(w int) {
 			defer wg.Done()
 			for i := w; i < 600; i += 30 {
-				d, err := reps[i%3].h.Take(ctx, "orders:client:ada", l, clk.Now())
+				d, err := reps[i%3].h.Take(ctx, "orders:client:ada", l, 1, clk.Now())
 				if err != nil {
 					t.Error(err)
 					return
@@ -164,7 +168,7 @@ func TestHybridSingleFlight(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			if d, err := r.h.Take(ctx, "hot", l, clk.Now()); err != nil || !d.Allowed {
+			if d, err := r.h.Take(ctx, "hot", l, 1, clk.Now()); err != nil || !d.Allowed {
 				t.Errorf("Take: %+v %v", d, err)
 			}
 		}()
@@ -188,18 +192,18 @@ func TestHybridDenialIsCached(t *testing.T) {
 	ctx := context.Background()
 	l := quota.Limit{Limit: 2, Window: 2 * time.Second} // a token a second
 	for i := 0; i < 2; i++ {
-		if d, _ := r.h.Take(ctx, "k", l, clk.Now()); !d.Allowed {
+		if d, _ := r.h.Take(ctx, "k", l, 1, clk.Now()); !d.Allowed {
 			t.Fatalf("take %d denied", i)
 		}
 	}
-	d, _ := r.h.Take(ctx, "k", l, clk.Now())
+	d, _ := r.h.Take(ctx, "k", l, 1, clk.Now())
 	if d.Allowed || d.RetryAfter != time.Second {
 		t.Fatalf("empty bucket: %+v, want a 1s wait", d)
 	}
 	before := leaseCalls(r.m)
 	clk.Advance(400 * time.Millisecond)
 	for i := 0; i < 100; i++ {
-		d, _ := r.h.Take(ctx, "k", l, clk.Now())
+		d, _ := r.h.Take(ctx, "k", l, 1, clk.Now())
 		if d.Allowed || d.RetryAfter != 600*time.Millisecond {
 			t.Fatalf("cached denial: %+v", d)
 		}
@@ -208,7 +212,7 @@ func TestHybridDenialIsCached(t *testing.T) {
 		t.Fatalf("%v Redis calls while the denial was cached", calls)
 	}
 	clk.Advance(600 * time.Millisecond)
-	if d, _ := r.h.Take(ctx, "k", l, clk.Now()); !d.Allowed {
+	if d, _ := r.h.Take(ctx, "k", l, 1, clk.Now()); !d.Allowed {
 		t.Fatalf("after the wait: %+v", d)
 	}
 }
@@ -225,12 +229,12 @@ func TestHybridCallsPerThousand(t *testing.T) {
 	// Warm up, then measure 10,000 decisions at 5,000 per second.
 	for i := 0; i < 1000; i++ {
 		clk.Advance(200 * time.Microsecond)
-		r.h.Take(ctx, "busy", l, clk.Now())
+		r.h.Take(ctx, "busy", l, 1, clk.Now())
 	}
 	before := leaseCalls(r.m)
 	for i := 0; i < 10_000; i++ {
 		clk.Advance(200 * time.Microsecond)
-		if d, _ := r.h.Take(ctx, "busy", l, clk.Now()); !d.Allowed {
+		if d, _ := r.h.Take(ctx, "busy", l, 1, clk.Now()); !d.Allowed {
 			t.Fatal("denied far from the limit")
 		}
 	}
@@ -252,7 +256,7 @@ func TestHybridReturnsUnspentTokens(t *testing.T) {
 	// Build a rate so slices grow beyond one token.
 	for i := 0; i < 200; i++ {
 		clk.Advance(time.Millisecond)
-		r.h.Take(ctx, "idle", l, clk.Now())
+		r.h.Take(ctx, "idle", l, 1, clk.Now())
 	}
 	used := func() float64 {
 		v, err := rdb.HGet(ctx, "rl:{idle}", "used").Float64()
@@ -281,7 +285,7 @@ func TestHybridReturnsUnspentTokens(t *testing.T) {
 	// At shutdown every unspent token goes back.
 	for i := 0; i < 50; i++ {
 		clk.Advance(time.Millisecond)
-		r.h.Take(ctx, "idle", l, clk.Now())
+		r.h.Take(ctx, "idle", l, 1, clk.Now())
 	}
 	r.h.Close(ctx)
 	if u := used(); u < 249.9 || u > 250.1 {
@@ -298,7 +302,7 @@ func TestHybridEvictionReturnsTokens(t *testing.T) {
 	l := quota.Limit{Limit: 1000, Window: time.Hour}
 	for _, k := range []string{"a", "a", "a", "a", "b", "c"} { // c evicts a
 		clk.Advance(time.Millisecond)
-		r.h.Take(ctx, k, l, clk.Now())
+		r.h.Take(ctx, k, l, 1, clk.Now())
 	}
 	r.h.Close(ctx) // drains the return queue, then returns b's and c's slices
 	for _, k := range []string{"a", "b", "c"} {
@@ -328,7 +332,7 @@ func BenchmarkHybridLeasedSlice(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		// Time stands still: the rate estimate grows, slices grow with it,
 		// and nearly every decision is spent locally.
-		if d, err := h.Take(ctx, "orders:client:ada", l, now); err != nil || !d.Allowed {
+		if d, err := h.Take(ctx, "orders:client:ada", l, 1, now); err != nil || !d.Allowed {
 			b.Fatal(d, err)
 		}
 	}

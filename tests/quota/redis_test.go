@@ -67,8 +67,8 @@ func TestRedisMatchesLocal(t *testing.T) {
 		key := fmt.Sprintf("t:%d:%v:%d", l.Limit, l.Window, l.Burst)
 		for i := 0; i < 400; i++ {
 			clk.Advance(time.Duration(rng.IntN(int(l.Window/time.Duration(l.Limit)*2/time.Microsecond))) * time.Microsecond)
-			want, _ := local.Take(l, clk.Now().UnixNano())
-			got, err := r.Take(ctx, key, l, clk.Now())
+			want, _ := local.Take(l, 1, clk.Now().UnixNano())
+			got, err := r.Take(ctx, key, l, 1, clk.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -96,10 +96,11 @@ func TestLeasePartialGrantAndReturn(t *testing.T) {
 	rdb := srv.Client()
 	clk := newClock()
 	// One token a second, capacity 10: the interval in µs, the capacity,
-	// the tokens wanted, the time.
+	// the tokens wanted at most and needed at least (one: a partial grant
+	// is welcome), the time.
 	lease := func(want int) (granted, remaining, wait, full int64) {
 		t.Helper()
-		r := runScript(t, rdb, "bucket_lease", []string{"rl:{p}"}, "1000000.000", 10, want, clk.Now().UnixMicro())
+		r := runScript(t, rdb, "bucket_lease", []string{"rl:{p}"}, "1000000.000", 10, want, 1, clk.Now().UnixMicro())
 		return r[0], r[1], r[2], r[3]
 	}
 	giveBack := func(n int) {
@@ -154,7 +155,7 @@ func runScript(t *testing.T, rdb *redis.Client, name string, keys []string, args
 
 func TestKeysAreHashTagged(t *testing.T) {
 	store, rdb, _ := newTestStore(t, nil)
-	newRedis(t, store).Take(context.Background(), "orders:client:ada", quota.Limit{Limit: 5, Window: time.Minute}, time.Now())
+	newRedis(t, store).Take(context.Background(), "orders:client:ada", quota.Limit{Limit: 5, Window: time.Minute}, 1, time.Now())
 	keys := rdb.Keys(context.Background(), "*").Val()
 	if len(keys) != 1 || keys[0] != "rl:{orders:client:ada}" {
 		t.Fatalf("keys = %v", keys)
@@ -167,11 +168,11 @@ func TestScriptFlush(t *testing.T) {
 	r := newRedis(t, store)
 	l := quota.Limit{Limit: 5, Window: time.Minute}
 	ctx := context.Background()
-	if _, err := r.Take(ctx, "k", l, time.Now()); err != nil {
+	if _, err := r.Take(ctx, "k", l, 1, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	rdb.ScriptFlush(ctx)
-	if d, err := r.Take(ctx, "k", l, time.Now()); err != nil || !d.Allowed || d.Remaining != 3 {
+	if d, err := r.Take(ctx, "k", l, 1, time.Now()); err != nil || !d.Allowed || d.Remaining != 3 {
 		t.Fatalf("after SCRIPT FLUSH: %+v %v", d, err)
 	}
 }

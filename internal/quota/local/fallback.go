@@ -38,10 +38,10 @@ const (
 	StartEmpty
 )
 
-// Take decides one unit of key under l's share among peers at now. level,
+// Take decides n units of key under l's share among peers at now. level,
 // when known, is what Redis last reported for the key; start says how a
 // key with no level and no count of its own begins.
-func (f *Fallback) Take(key string, l quota.Limit, peers int64, now time.Time, level *Level, start Start) (quota.Decision, error) {
+func (f *Fallback) Take(key string, l quota.Limit, n, peers int64, now time.Time, level *Level, start Start) (quota.Decision, error) {
 	fl := quota.Share(l, peers)
 	ns := now.UnixNano()
 	sh := f.table.Lock(key)
@@ -52,17 +52,17 @@ func (f *Fallback) Take(key string, l quota.Limit, peers int64, now time.Time, l
 	case start == StartEmpty && !s.Counting(fl):
 		s.CapToShare(l, fl, ns, peers, 0, ns)
 	}
-	d, err := s.Take(fl, ns)
+	d, err := s.Take(fl, n, ns)
 	sh.Unlock()
 	d.Limit = l.Limit // clients see the policy, not its share
 	return d, err
 }
 
-// Refund gives a unit back to key's share of l among peers.
-func (f *Fallback) Refund(key string, l quota.Limit, peers int64, now time.Time) {
+// Refund gives n units back to key's share of l among peers.
+func (f *Fallback) Refund(key string, l quota.Limit, n, peers int64, now time.Time) {
 	sh := f.table.Lock(key)
 	if s, ok := sh.Peek(key); ok {
-		s.Refund(quota.Share(l, peers), now.UnixNano())
+		s.Refund(quota.Share(l, peers), n, now.UnixNano())
 	}
 	sh.Unlock()
 }

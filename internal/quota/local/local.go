@@ -53,18 +53,18 @@ var _ quota.Limiter = (*Limiter)(nil)
 func New(table *Table) *Limiter { return &Limiter{table: table} }
 
 // Take implements quota.Limiter.
-func (l *Limiter) Take(_ context.Context, key string, lim quota.Limit, now time.Time) (quota.Decision, error) {
+func (l *Limiter) Take(_ context.Context, key string, lim quota.Limit, n int64, now time.Time) (quota.Decision, error) {
 	sh := l.table.Lock(key)
-	d, err := stateLocked(sh, key).Take(lim, now.UnixNano())
+	d, err := stateLocked(sh, key).Take(lim, n, now.UnixNano())
 	sh.Unlock()
 	return d, err
 }
 
 // Refund implements quota.Limiter.
-func (l *Limiter) Refund(_ context.Context, key string, lim quota.Limit, now time.Time) error {
+func (l *Limiter) Refund(_ context.Context, key string, lim quota.Limit, n int64, now time.Time) error {
 	sh := l.table.Lock(key)
 	if s, ok := sh.Get(key); ok {
-		s.Refund(lim, now.UnixNano())
+		s.Refund(lim, n, now.UnixNano())
 	}
 	sh.Unlock()
 	return nil

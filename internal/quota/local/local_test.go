@@ -21,18 +21,18 @@ func TestLocalLimiter(t *testing.T) {
 	ctx := context.Background()
 	l := quota.Limit{Limit: 2, Window: time.Minute}
 	for i, want := range []bool{true, true, false} {
-		d, err := lim.Take(ctx, "k", l, at(0))
+		d, err := lim.Take(ctx, "k", l, 1, at(0))
 		if err != nil || d.Allowed != want {
 			t.Fatalf("take %d: %+v %v, want allowed=%v", i, d, err, want)
 		}
 	}
-	if err := lim.Refund(ctx, "k", l, at(0)); err != nil {
+	if err := lim.Refund(ctx, "k", l, 1, at(0)); err != nil {
 		t.Fatal(err)
 	}
-	if d, _ := lim.Take(ctx, "k", l, at(0)); !d.Allowed {
+	if d, _ := lim.Take(ctx, "k", l, 1, at(0)); !d.Allowed {
 		t.Fatalf("after refund: %+v", d)
 	}
-	if d, _ := lim.Take(ctx, "other", l, at(0)); !d.Allowed || d.Remaining != 1 {
+	if d, _ := lim.Take(ctx, "other", l, 1, at(0)); !d.Allowed || d.Remaining != 1 {
 		t.Fatalf("other key shares state: %+v", d)
 	}
 	if table.Len() != 2 {
@@ -49,7 +49,7 @@ func BenchmarkLocalTake(b *testing.B) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			lim.Take(ctx, "orders:client:ada", l, now)
+			lim.Take(ctx, "orders:client:ada", l, 1, now)
 		}
 	})
 }
@@ -69,7 +69,7 @@ func BenchmarkLocalAlgorithms(b *testing.B) {
 				// its 100,000 and a leaky bucket (a slot per 36ms)
 				// keeps admitting.
 				now = now.Add(40 * time.Millisecond)
-				lim.Take(ctx, "orders:client:ada", l, now)
+				lim.Take(ctx, "orders:client:ada", l, 1, now)
 			}
 		})
 	}

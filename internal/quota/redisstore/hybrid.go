@@ -136,22 +136,23 @@ func NewHybrid(table *Table, store *Store, peers PeerCounter, opts HybridOptions
 
 // Take implements Limiter. Only token buckets lease slices; every other
 // algorithm is decided by its exact redis-mode script.
-func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, now time.Time) (quota.Decision, error) {
+func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
 	if l.Algorithm != quota.TokenBucket {
-		d, err := h.store.decide(ctx, key, l)
+		d, err := h.store.decide(ctx, key, l, n)
 		if err == nil && l.OnError == quota.ErrorFallback {
 			h.table.record(key, d.Remaining, now)
 		}
 		return d, err
 	}
+	need := max(n, 1) // a question (n = 0) needs one token in the slice, and spends none
 	ns := now.UnixNano()
 	sh := h.table.Lock(key)
 	e := stateLocked(sh, key)
-	e.count++
+	e.count += n
 	e.lastUsed = ns
 	for {
-		if e.tokens > 0 {
-			e.tokens--
+		if e.tokens >= need {
+			e.tokens -= n
 			d := h.allowLocked(e, l, ns)
 			sh.Unlock()
 			return d, nil
@@ -165,7 +166,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, now time.T
 			// Another request is leasing this key: wait for its slice.
 			// While waiting we count as demand, so whoever leases next
 			// asks for enough for every waiter, not one token each.
-			e.waiting++
+			e.waiting += need
 			sh.Unlock()
 			h.opts.Metrics.LeaseWaits.Inc()
 			var err error
@@ -176,7 +177,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, now time.T
 				err = ctx.Err()
 			}
 			sh = h.table.Lock(key)
-			e.waiting--
+			e.waiting -= need
 			if errors.Is(err, context.Canceled) && ctx.Err() == nil {
 				// The leasing request's caller went away, not ours: lease
 				// ourselves rather than fall back for a reason not our own.
@@ -191,12 +192,15 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, now time.T
 			continue
 		}
 
-		want := h.sliceSizeLocked(e, l, ns)
+		// The slice holds fewer tokens than this request needs: lease
+		// the rest, all or none, and a slice for what comes next.
+		missing := need - e.tokens
+		want := max(h.sliceSizeLocked(e, l, ns), missing)
 		f := &flight{done: make(chan struct{})}
 		e.flight = f
 		sh.Unlock()
 
-		ls, err := h.store.lease(ctx, key, l, want)
+		ls, err := h.store.lease(ctx, key, l, want, missing)
 
 		sh = h.table.Lock(key)
 		e.flight = nil
@@ -221,6 +225,13 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, now time.T
 		e.fullAt = ns + int64(ls.full)
 		e.count = 0
 		if ls.granted == 0 {
+			if missing > 1 {
+				// Redis lacks this request's tokens, not necessarily one:
+				// deny this request alone, and cache nothing.
+				d := quota.Decision{Limit: l.Limit, Remaining: e.tokens + ls.remaining, RetryAfter: max(ls.wait, time.Microsecond), ResetAfter: time.Duration(max(e.fullAt-ns, 0))}
+				sh.Unlock()
+				return d, nil
+			}
 			e.deniedUntil = ns + int64(max(ls.wait, time.Microsecond))
 			continue
 		}
@@ -269,21 +280,22 @@ func (h *Hybrid) sliceSizeLocked(e *keyState, l quota.Limit, ns int64) int64 {
 	return min(want, byShare, byRemote)
 }
 
-// Refund implements Limiter: the unit goes back into the local slice, to be
-// spent or given back later (other algorithms: to Redis at once).
-func (h *Hybrid) Refund(ctx context.Context, key string, l quota.Limit, _ time.Time) error {
+// Refund implements quota.Limiter: the units go back into the local
+// slice, to be spent or given back later (other algorithms: to Redis at
+// once).
+func (h *Hybrid) Refund(ctx context.Context, key string, l quota.Limit, n int64, _ time.Time) error {
 	if l.Algorithm != quota.TokenBucket {
-		return h.store.refund(ctx, key, l)
+		return h.store.refund(ctx, key, l, n)
 	}
 	sh := h.table.Lock(key)
 	if e, ok := sh.Peek(key); ok && !e.evicted {
-		e.tokens++
+		e.tokens += n
 		h.holdLocked(key, e)
 		sh.Unlock()
 		return nil
 	}
 	sh.Unlock()
-	h.enqueue(key, 1, "refund")
+	h.enqueue(key, n, "refund")
 	return nil
 }
 

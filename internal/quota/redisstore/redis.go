@@ -25,15 +25,15 @@ func NewRedis(store *Store, table *Table) *Redis { return &Redis{store: store, t
 
 // Take implements quota.Limiter. The decision is made at Redis TIME; now
 // only stamps the level kept for a fallback.
-func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, now time.Time) (quota.Decision, error) {
+func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
 	var d quota.Decision
 	if l.Algorithm == quota.TokenBucket {
-		ls, err := r.store.lease(ctx, key, l, 1)
+		ls, err := r.store.lease(ctx, key, l, n, max(n, 1))
 		if err != nil {
 			return quota.Decision{}, err
 		}
 		d = quota.Decision{
-			Allowed:    ls.granted == 1,
+			Allowed:    ls.granted == n && ls.wait == 0,
 			Limit:      l.Limit,
 			Remaining:  ls.remaining,
 			RetryAfter: ls.wait,
@@ -41,7 +41,7 @@ func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, now time.Ti
 		}
 	} else {
 		var err error
-		if d, err = r.store.decide(ctx, key, l); err != nil {
+		if d, err = r.store.decide(ctx, key, l, n); err != nil {
 			return quota.Decision{}, err
 		}
 	}
@@ -52,10 +52,10 @@ func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, now time.Ti
 	return d, nil
 }
 
-// Refund implements Limiter.
-func (r *Redis) Refund(ctx context.Context, key string, l quota.Limit, _ time.Time) error {
+// Refund implements quota.Limiter.
+func (r *Redis) Refund(ctx context.Context, key string, l quota.Limit, n int64, _ time.Time) error {
 	if l.Algorithm != quota.TokenBucket {
-		return r.store.refund(ctx, key, l)
+		return r.store.refund(ctx, key, l, n)
 	}
-	return r.store.giveBack(ctx, key, 1)
+	return r.store.giveBack(ctx, key, n)
 }

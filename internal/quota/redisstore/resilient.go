@@ -54,8 +54,8 @@ func NewResilient(primary quota.Limiter, levels LevelSource, fallback *local.Fal
 }
 
 // Take implements quota.Limiter. It returns an error only when ctx is done.
-func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, now time.Time) (quota.Decision, error) {
-	d, err := r.primary.Take(ctx, key, l, now)
+func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
+	d, err := r.primary.Take(ctx, key, l, n, now)
 	if err == nil {
 		return d, nil
 	}
@@ -63,11 +63,25 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, now tim
 	if ctxErr := ctx.Err(); ctxErr != nil && !down {
 		return quota.Decision{}, ctxErr // the caller gave up; nobody will read a decision
 	}
-	ran := !down && mayHaveRun(err)
-	if ran && r.breaker.AwaitVerdict(ctx) {
-		// The failure was Redis going down: an outage, not a doubt.
-		ran = false
+	if !down && unavailable(err) {
+		// A timeout or a broken connection: wait for the breaker's
+		// verdict. An outage is answered as one; while Redis answers,
+		// ask once more, within what is left of the caller's deadline:
+		// a slow moment should not cost a decision made without Redis.
+		// (A call that ran and is asked again spends twice: the replicas
+		// then admit less, never more.)
+		if down = r.breaker.AwaitVerdict(ctx); !down && ctx.Err() == nil {
+			if d, err2 := r.primary.Take(ctx, key, l, n, now); err2 == nil {
+				return d, nil
+			} else if errors.Is(err2, ErrStoreDown) {
+				down = true
+			}
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil && !down {
+			return quota.Decision{}, ctxErr
+		}
 	}
+	ran := !down && mayHaveRun(err)
 	switch l.OnError {
 	case quota.ErrorAllow:
 		return quota.Decision{Allowed: true, Limit: l.Limit, Remaining: l.Limit - 1, Degraded: quota.DegradedAllow}, nil
@@ -82,7 +96,7 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, now tim
 	if ran {
 		start = local.StartEmpty
 	}
-	d, err = r.fallback.Take(key, l, r.peers.Count(), now, level, start)
+	d, err = r.fallback.Take(key, l, n, r.peers.Count(), now, level, start)
 	if err != nil {
 		return quota.Decision{}, err
 	}
@@ -92,10 +106,10 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, now tim
 
 // Refund implements quota.Limiter: to Redis when it answers, else to the
 // local fallback bucket.
-func (r *Resilient) Refund(ctx context.Context, key string, l quota.Limit, now time.Time) error {
-	if err := r.primary.Refund(ctx, key, l, now); err == nil || l.OnError != quota.ErrorFallback {
+func (r *Resilient) Refund(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) error {
+	if err := r.primary.Refund(ctx, key, l, n, now); err == nil || l.OnError != quota.ErrorFallback {
 		return nil
 	}
-	r.fallback.Refund(key, l, r.peers.Count(), now)
+	r.fallback.Refund(key, l, n, r.peers.Count(), now)
 	return nil
 }

@@ -51,7 +51,7 @@ type scripted struct {
 	fail      error
 }
 
-func (s *scripted) Take(_ context.Context, key string, l quota.Limit, now time.Time) (quota.Decision, error) {
+func (s *scripted) Take(_ context.Context, key string, l quota.Limit, _ int64, now time.Time) (quota.Decision, error) {
 	if s.fail != nil {
 		return quota.Decision{}, s.fail
 	}
@@ -59,14 +59,16 @@ func (s *scripted) Take(_ context.Context, key string, l quota.Limit, now time.T
 	return quota.Decision{Allowed: true, Limit: l.Limit, Remaining: s.remaining}, nil
 }
 
-func (s *scripted) Refund(context.Context, string, quota.Limit, time.Time) error { return s.fail }
+func (s *scripted) Refund(context.Context, string, quota.Limit, int64, time.Time) error {
+	return s.fail
+}
 
 // admitsAt counts the fallback admissions of key at one instant, until the
 // first denial.
 func admitsAt(t *testing.T, r *Resilient, key string, l quota.Limit, at time.Time) int {
 	t.Helper()
 	for n := 0; n < 1000; n++ {
-		d, err := r.Take(context.Background(), key, l, at)
+		d, err := r.Take(context.Background(), key, l, 1, at)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,7 +138,7 @@ func TestFallbackShareEveryAlgorithm(t *testing.T) {
 			primary := &scripted{remaining: tc.remaining}
 			r := newResilient(t, primary, fixedPeers(3), redisUp)
 			primary.table = r.levels.(*Table)
-			if _, err := r.Take(context.Background(), "k", tc.l, tc.reported); err != nil {
+			if _, err := r.Take(context.Background(), "k", tc.l, 1, tc.reported); err != nil {
 				t.Fatal(err)
 			}
 			primary.fail = ErrStoreDown
@@ -158,7 +160,7 @@ func TestFallbackAfterAFailedCallStartsEmpty(t *testing.T) {
 	counts, _ := local.NewTable(100)
 	l := quota.Limit{Limit: 90, Window: time.Minute, OnError: quota.ErrorFallback}
 	timedOut := newResilientOn(t, counts, &scripted{fail: context.DeadlineExceeded}, fixedPeers(3), redisUp)
-	d, err := timedOut.Take(context.Background(), "new", l, t0)
+	d, err := timedOut.Take(context.Background(), "new", l, 1, t0)
 	if err != nil || d.Allowed || d.Degraded != quota.DegradedFallback || d.RetryAfter != 2*time.Second {
 		t.Fatalf("after a timeout, a key never reported on: %+v %v; want denied, retry in 2s (a share of 30 per minute)", d, err)
 	}
@@ -197,10 +199,10 @@ const redisUp = verdict(false)
 // failing is a primary limiter whose store fails with err.
 type failing struct{ err error }
 
-func (f failing) Take(context.Context, string, quota.Limit, time.Time) (quota.Decision, error) {
+func (f failing) Take(context.Context, string, quota.Limit, int64, time.Time) (quota.Decision, error) {
 	return quota.Decision{}, f.err
 }
-func (f failing) Refund(context.Context, string, quota.Limit, time.Time) error { return f.err }
+func (f failing) Refund(context.Context, string, quota.Limit, int64, time.Time) error { return f.err }
 
 // Each on_redis_error choice, and the fallback bucket's share of the limit.
 func TestResilient(t *testing.T) {
@@ -211,7 +213,7 @@ func TestResilient(t *testing.T) {
 	l := quota.Limit{Limit: 90, Window: time.Minute, Burst: 30}
 	admitted := 0
 	for i := 0; i < 100; i++ {
-		d, err := r.Take(ctx, "k", l, now)
+		d, err := r.Take(ctx, "k", l, 1, now)
 		if err != nil || d.Degraded != quota.DegradedFallback || d.Limit != 90 {
 			t.Fatalf("fallback: %+v %v", d, err)
 		}
@@ -224,27 +226,27 @@ func TestResilient(t *testing.T) {
 		t.Fatalf("fallback admitted %d, want burst 30 ÷ 3 peers = 10", admitted)
 	}
 	// 30 per minute: one more every 2s.
-	if d, _ := r.Take(ctx, "k", l, now.Add(2*time.Second)); !d.Allowed {
+	if d, _ := r.Take(ctx, "k", l, 1, now.Add(2*time.Second)); !d.Allowed {
 		t.Fatalf("after 2s: %+v", d)
 	}
 
 	l.OnError = quota.ErrorAllow
-	if d, err := r.Take(ctx, "a", l, now); err != nil || !d.Allowed || d.Degraded != quota.DegradedAllow {
+	if d, err := r.Take(ctx, "a", l, 1, now); err != nil || !d.Allowed || d.Degraded != quota.DegradedAllow {
 		t.Fatalf("allow: %+v %v", d, err)
 	}
 	l.OnError = quota.ErrorDeny
-	if d, err := r.Take(ctx, "d", l, now); err != nil || d.Allowed || d.Degraded != quota.DegradedDeny || d.RetryAfter != time.Second {
+	if d, err := r.Take(ctx, "d", l, 1, now); err != nil || d.Allowed || d.Degraded != quota.DegradedDeny || d.RetryAfter != time.Second {
 		t.Fatalf("deny: %+v %v", d, err)
 	}
 	// A limit smaller than the peer count still admits one at a time.
 	tiny := quota.Limit{Limit: 2, Window: time.Minute}
-	if d, _ := r.Take(ctx, "tiny", tiny, now); !d.Allowed {
+	if d, _ := r.Take(ctx, "tiny", tiny, 1, now); !d.Allowed {
 		t.Fatalf("tiny limit: %+v", d)
 	}
 	// A caller that gave up gets its context's error, not a decision.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := newResilientOn(t, counts, failing{context.Canceled}, fixedPeers(1), redisUp).Take(cctx, "c", quota.Limit{Limit: 1, Window: time.Second}, now); !errors.Is(err, context.Canceled) {
+	if _, err := newResilientOn(t, counts, failing{context.Canceled}, fixedPeers(1), redisUp).Take(cctx, "c", quota.Limit{Limit: 1, Window: time.Second}, 1, now); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled: %v", err)
 	}
 }
@@ -261,7 +263,7 @@ func TestFallbackKeepsTheAlgorithm(t *testing.T) {
 		admitted := 0
 		var last quota.Decision
 		for i := 0; i < 100; i++ {
-			d, err := r.Take(ctx, "fb:"+a.String(), l, at(30*time.Second))
+			d, err := r.Take(ctx, "fb:"+a.String(), l, 1, at(30*time.Second))
 			if err != nil || d.Degraded != quota.DegradedFallback || d.Limit != 100 {
 				t.Fatalf("%s: %+v %v", a, d, err)
 			}
@@ -278,10 +280,10 @@ func TestFallbackKeepsTheAlgorithm(t *testing.T) {
 			t.Errorf("%s fallback admitted %d, want %d", a, admitted, want)
 		}
 		// A refund while Redis is down goes to the local fallback state.
-		if err := r.Refund(ctx, "fb:"+a.String(), l, at(30*time.Second)); err != nil {
+		if err := r.Refund(ctx, "fb:"+a.String(), l, 1, at(30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		if d, _ := r.Take(ctx, "fb:"+a.String(), l, at(30*time.Second)); !d.Allowed {
+		if d, _ := r.Take(ctx, "fb:"+a.String(), l, 1, at(30*time.Second)); !d.Allowed {
 			t.Errorf("%s: after a fallback refund, denied: %+v (last admitted %+v)", a, d, last)
 		}
 	}
@@ -290,5 +292,51 @@ func TestFallbackKeepsTheAlgorithm(t *testing.T) {
 func TestReplicaID(t *testing.T) {
 	if id := ReplicaID("pod-7"); len(id) != len("pod-7-")+8 || id[:6] != "pod-7-" {
 		t.Fatalf("ReplicaID = %q", id)
+	}
+}
+
+// flaky fails its first `fails` calls with err, then admits.
+type flaky struct {
+	fails int
+	err   error
+	calls int
+}
+
+func (f *flaky) Take(_ context.Context, _ string, l quota.Limit, _ int64, _ time.Time) (quota.Decision, error) {
+	f.calls++
+	if f.calls <= f.fails {
+		return quota.Decision{}, f.err
+	}
+	return quota.Decision{Allowed: true, Limit: l.Limit, Remaining: 7}, nil
+}
+func (f *flaky) Refund(context.Context, string, quota.Limit, int64, time.Time) error { return nil }
+
+// A call that times out while Redis answers is asked once more before the
+// decision falls back; a second failure falls back; an outage does not
+// wait for a second call.
+func TestResilientRetriesOnceWhileRedisIsUp(t *testing.T) {
+	l := quota.Limit{Limit: 90, Window: time.Minute, OnError: quota.ErrorFallback}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		fails    int
+		err      error
+		breaker  verdict
+		calls    int
+		degraded bool
+	}{
+		{"one slow moment", 1, context.DeadlineExceeded, redisUp, 2, false},
+		{"two in a row", 2, context.DeadlineExceeded, redisUp, 2, true},
+		{"an outage", 1, context.DeadlineExceeded, verdict(true), 1, true},
+		{"store marked down", 1, ErrStoreDown, redisUp, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &flaky{fails: tc.fails, err: tc.err}
+			r := newResilient(t, p, fixedPeers(3), tc.breaker)
+			d, err := r.Take(ctx, "k", l, 1, t0)
+			if err != nil || p.calls != tc.calls || (d.Degraded != quota.NotDegraded) != tc.degraded {
+				t.Fatalf("%+v %v after %d calls; want %d calls, degraded=%v", d, err, p.calls, tc.calls, tc.degraded)
+			}
+		})
 	}
 }

@@ -103,22 +103,23 @@ func nextLogMember() string {
 	return logMembers.prefix + "-" + strconv.FormatUint(logMembers.seq.Add(1), 36)
 }
 
-// decide runs the script of l's algorithm for partition: one atomic call.
+// decide runs the script of l's algorithm for partition, for units (the
+// request's cost; 0 asks without spending): one atomic call.
 // The token bucket goes through bucket_lease.lua (see Redis.Take).
-func (s *Store) decide(ctx context.Context, partition string, l quota.Limit) (quota.Decision, error) {
+func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, units int64) (quota.Decision, error) {
 	key := []string{s.algorithmKey(partition, l.Algorithm)}
 	now := s.nowArg(time.Microsecond)
 	var v any
 	var err error
 	switch l.Algorithm {
 	case quota.FixedWindow:
-		v, err = s.run(ctx, "fixed_window", fixedWindowScript, key, windowMicros(l), l.Limit, now)
+		v, err = s.run(ctx, "fixed_window", fixedWindowScript, key, windowMicros(l), l.Limit, now, units)
 	case quota.SlidingWindow:
-		v, err = s.run(ctx, "sliding_window", slidingWindowScript, key, windowMicros(l), l.Limit, now)
+		v, err = s.run(ctx, "sliding_window", slidingWindowScript, key, windowMicros(l), l.Limit, now, units)
 	case quota.SlidingLog:
-		v, err = s.run(ctx, "sliding_log", slidingLogScript, key, windowMicros(l), l.Limit, nextLogMember(), now)
+		v, err = s.run(ctx, "sliding_log", slidingLogScript, key, windowMicros(l), l.Limit, nextLogMember(), now, units)
 	case quota.LeakyBucket:
-		v, err = s.run(ctx, "leaky_bucket", leakyBucketScript, key, intervalMicros(l), toleranceMicros(l), now)
+		v, err = s.run(ctx, "leaky_bucket", leakyBucketScript, key, intervalMicros(l), toleranceMicros(l), now, units)
 	default:
 		return quota.Decision{}, fmt.Errorf("redisstore: no redis script for algorithm %s", l.Algorithm)
 	}
@@ -141,20 +142,20 @@ func (s *Store) decide(ctx context.Context, partition string, l quota.Limit) (qu
 	}, nil
 }
 
-// refund gives back one unit that decide admitted for partition under l.
-func (s *Store) refund(ctx context.Context, partition string, l quota.Limit) error {
+// refund gives back units that decide admitted for partition under l.
+func (s *Store) refund(ctx context.Context, partition string, l quota.Limit, units int64) error {
 	key := []string{s.algorithmKey(partition, l.Algorithm)}
 	now := s.nowArg(time.Microsecond)
 	var err error
 	switch l.Algorithm {
 	case quota.FixedWindow:
-		_, err = s.run(ctx, "refund", windowRefundScript, key, windowMicros(l), 0, now)
+		_, err = s.run(ctx, "refund", windowRefundScript, key, windowMicros(l), 0, now, units)
 	case quota.SlidingWindow:
-		_, err = s.run(ctx, "refund", windowRefundScript, key, windowMicros(l), 1, now)
+		_, err = s.run(ctx, "refund", windowRefundScript, key, windowMicros(l), 1, now, units)
 	case quota.SlidingLog:
-		_, err = s.run(ctx, "refund", logRefundScript, key)
+		_, err = s.run(ctx, "refund", logRefundScript, key, units)
 	case quota.LeakyBucket:
-		_, err = s.run(ctx, "refund", bucketReturn, key, 1, now)
+		_, err = s.run(ctx, "refund", bucketReturn, key, units, now)
 	default:
 		return fmt.Errorf("redisstore: no redis script for algorithm %s", l.Algorithm)
 	}

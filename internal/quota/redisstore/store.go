@@ -223,14 +223,16 @@ type result struct {
 type lease struct {
 	granted   int64
 	remaining int64         // tokens left in the Redis bucket afterwards
-	wait      time.Duration // until the next token, when none was granted
+	wait      time.Duration // until the tokens needed are there, when none was granted
 	full      time.Duration // until the bucket is full again
 }
 
-// lease takes up to want tokens of partition's bucket under l.
-func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, want int64) (lease, error) {
+// lease takes between need and want tokens of partition's bucket under l,
+// or none when fewer than need remain (want 0, need 1 asks without
+// taking).
+func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, want, need int64) (lease, error) {
 	v, err := s.run(ctx, "lease", bucketLease, []string{s.key(partition)},
-		intervalMicros(l), l.Capacity(), want, s.nowArg(time.Microsecond))
+		intervalMicros(l), l.Capacity(), want, need, s.nowArg(time.Microsecond))
 	if err != nil {
 		return lease{}, err
 	}

@@ -1,5 +1,7 @@
--- Take up to ARGV[3] tokens from a token bucket, atomically. Redis mode
--- asks for one token per decision; hybrid mode leases a slice.
+-- Take tokens from a token bucket, atomically: between ARGV[4] and ARGV[3]
+-- of them, or none. Redis mode asks for exactly a request's cost; hybrid
+-- mode leases a slice of up to ARGV[3], needing at least what the request
+-- in hand lacks. ARGV[3] = 0 with ARGV[4] = 1 asks without taking.
 --
 -- KEYS[1]  the bucket, a hash: used = tokens in use (a fraction while it
 --          refills), ts = when used was computed (µs), iv = µs per token
@@ -7,17 +9,20 @@
 --          an instant keeps full double precision: no drift.
 -- ARGV[1]  µs per token (window / limit; may be fractional)
 -- ARGV[2]  capacity in tokens (burst)
--- ARGV[3]  tokens wanted, at least 1
--- ARGV[4]  now in µs for tests; empty: Redis TIME, never a replica's clock
+-- ARGV[3]  tokens wanted at most
+-- ARGV[4]  tokens needed at least: fewer available grant none
+-- ARGV[5]  now in µs for tests; empty: Redis TIME, never a replica's clock
 --
 -- Returns {granted, remaining, wait, full}: tokens granted (fewer than
 -- wanted when fewer remain), tokens left in the bucket afterwards, µs until
--- the next token when none was granted (else 0), and µs until the bucket
--- is full again. Waits are rounded up so a client never retries early.
+-- the tokens needed are there when none was granted (else 0), and µs until
+-- the bucket is full again. Waits are rounded up so a client never retries
+-- early.
 local iv = tonumber(ARGV[1])
 local cap = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
-local now = now_us(ARGV[4])
+local need = tonumber(ARGV[4])
+local now = now_us(ARGV[5])
 
 local st = redis.call('HMGET', KEYS[1], 'used', 'ts', 'iv')
 local used = tonumber(st[1]) or 0
@@ -33,7 +38,8 @@ end
 -- The epsilon absorbs float error: 2.9999999999 tokens are 3.
 local avail = math.floor(cap - used + 1e-9)
 if avail < 0 then avail = 0 end
-local granted = math.min(want, avail)
+local granted = 0
+if avail >= need then granted = math.min(want, avail) end
 if granted > 0 then
   used = used + granted
   redis.call('HSET', KEYS[1], 'used', string.format('%.17g', used), 'ts', string.format('%d', ts), 'iv', ARGV[1])
@@ -41,4 +47,6 @@ if granted > 0 then
   redis.call('PEXPIRE', KEYS[1], math.ceil(used * iv / 1000) + 1)
   return {granted, avail - granted, 0, math.ceil(used * iv)}
 end
-return {0, 0, math.ceil((used - cap + 1) * iv), math.ceil(used * iv)}
+local wait = 0
+if avail < need then wait = math.ceil((used - cap + need) * iv) end
+return {0, avail, wait, math.ceil(used * iv)}

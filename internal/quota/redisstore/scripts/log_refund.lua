@@ -1,9 +1,10 @@
--- Give back one unit that sliding_log.lua admitted: remove the newest
--- entry. It is the refunded request's own unless another was admitted in
+-- Give back units that sliding_log.lua admitted: remove the newest
+-- entries. It is the refunded request's own unless another was admitted in
 -- between; then the older entry stays, which leaves the window sooner, so
 -- no window ever counts more than an exact refund would leave in it.
 --
 -- KEYS[1]  the log (see sliding_log.lua)
+-- ARGV[1]  units given back
 --
 -- Returns the number of entries removed.
-return #redis.call('ZPOPMAX', KEYS[1], 1) / 2
+return #redis.call('ZPOPMAX', KEYS[1], tonumber(ARGV[1]) or 1) / 2

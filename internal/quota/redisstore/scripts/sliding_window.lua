@@ -1,5 +1,5 @@
--- Take one unit from a sliding window counter (Cloudflare's weighted two
--- windows), atomically. The math, and why the wait is exact, is in
+-- Take a request's cost from a sliding window counter (Cloudflare's
+-- weighted two windows), atomically, all or none. The math, and why the wait is exact, is in
 -- internal/quota/windows.go.
 --
 -- KEYS[1]  the counter, a hash: w = start of the window counted (µs, epoch
@@ -7,6 +7,7 @@
 -- ARGV[1]  window in µs
 -- ARGV[2]  limit
 -- ARGV[3]  now in µs for tests; empty: Redis TIME, never a replica's clock
+-- ARGV[4]  units (the cost); 0 decides as for one and counts nothing
 --
 -- Returns {allowed, remaining, retry, reset, delay}: 1 or 0; units that
 -- would still fit now; µs until one fits when rejected (else 0); µs until
@@ -19,6 +20,8 @@ local limit = tonumber(ARGV[2])
 local keep = 0
 if tonumber(ARGV[3]) then keep = 60000 end
 local now = now_us(ARGV[3])
+local n = tonumber(ARGV[4]) or 1
+local spend = math.max(n, 1)
 local ws = now - (now % w)
 local e = now - ws
 
@@ -31,22 +34,30 @@ elseif sw == ws - w then
   p = tonumber(st[3]) or 0 -- one window on: this window's count is now the previous one
 end
 
--- estimate + 1 <= limit, multiplied through by w to stay in integers:
--- p*(w-e)/w + c + 1 <= limit.
-if p * (w - e) + (c + 1) * w <= limit * w then
-  c = c + 1
-  redis.call('HSET', KEYS[1], 'w', string.format('%d', ws), 'p', string.format('%d', p), 'c', string.format('%d', c))
-  -- This window's count weighs on the next one; after that it is gone.
-  redis.call('PEXPIRE', KEYS[1], math.max(math.ceil((2 * w - e) / 1000) + 1, keep))
-  return {1, math.floor((limit * w - p * (w - e) - c * w) / w), 0, 2 * w - e, 0}
+-- estimate + n <= limit, multiplied through by w to stay in integers:
+-- p*(w-e)/w + c + n <= limit.
+if p * (w - e) + (c + spend) * w <= limit * w then
+  local reset = 2 * w - e
+  if n > 0 then
+    c = c + n
+    redis.call('HSET', KEYS[1], 'w', string.format('%d', ws), 'p', string.format('%d', p), 'c', string.format('%d', c))
+    -- This window's count weighs on the next one; after that it is gone.
+    redis.call('PEXPIRE', KEYS[1], math.max(math.ceil((2 * w - e) / 1000) + 1, keep))
+  elseif c == 0 then
+    reset = 0
+    if p > 0 then reset = w - e end
+  end
+  return {1, math.floor((limit * w - p * (w - e) - c * w) / w), 0, reset, 0}
 end
 
--- Rejected: solve estimate(t) + 1 <= limit for the first t >= e.
+-- Rejected: solve estimate(t) + n <= limit for the first t >= e.
 local t
-if c + 1 <= limit then
-  t = math.ceil(w * (p - (limit - c - 1)) / p)
+if spend > limit then
+  t = 2 * w -- never fits: until both windows' counts are gone
+elseif c + spend <= limit then
+  t = math.ceil(w * (p - (limit - c - spend)) / p)
 else
-  t = w + math.ceil(w * (c - (limit - 1)) / c)
+  t = w + math.ceil(w * (c - (limit - spend)) / c)
 end
 local reset = 0
 if c > 0 then reset = 2 * w - e elseif p > 0 then reset = w - e end
