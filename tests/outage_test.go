@@ -392,6 +392,37 @@ func TestRedisFrozenAndThawed(t *testing.T) {
 	}
 }
 
+// Redis frozen while the replica itself is CPU-throttled (frozen 40ms of
+// every 100ms): a confirmation probe whose deadline passes while the
+// replica is not running is asked again rather than trusted, and yet the
+// breaker opens. Bound: the first round takes 50ms of stall, a 25ms tick
+// and the 100ms probe; each round asked again takes at most 100ms plus a
+// 40ms freeze, and a shorter deadline moves the next round's deadline off
+// the freeze, so three more rounds at most: 175ms + 3 × 140ms, under 600ms.
+func TestRedisFrozenWhileThrottled(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "redis", perIPPolicy))
+	stop := throttle(t, []*sidecar{s}, 40*time.Millisecond, 100*time.Millisecond)
+	defer stop()
+	bg := startBackground(s, 8, perIPRequest(5))
+	waitCount(t, bg, 100)
+	frozen := time.Now()
+	srv.Freeze()
+	defer srv.Thaw()
+	downAt := s.markedDown(10 * time.Second)
+	samples := bg.halt()
+	took := downAt.Sub(frozen)
+	t.Logf("breaker opened %v after Redis froze, the replica throttled; %d decisions", took.Round(time.Millisecond), len(samples))
+	if took > 600*time.Millisecond {
+		t.Fatalf("breaker opened %v after Redis froze; want within 600ms", took)
+	}
+	for i, smp := range samples {
+		if smp.err != nil || smp.status != 200 {
+			t.Fatalf("sample %d: status %d, error %v", i, smp.status, smp.err)
+		}
+	}
+}
+
 // Redis busy for tens of milliseconds at a time (DEBUG SLEEP, CLIENT
 // PAUSE), a quarter second apart, under load, at the defaults: calls stall, but Redis answers the
 // breaker's probe, so it never opens and no decision is degraded. Redis

@@ -36,6 +36,7 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 type redisParts struct {
 	client     redis.UniversalClient
 	probe      redis.UniversalClient
+	pipe       *redis.AutoPipeliner
 	store      *redisstore.Store
 	table      *redisstore.Table
 	peers      *redisstore.Peers
@@ -115,8 +116,18 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 	if err != nil {
 		return nil, err
 	}
-	p := &redisParts{client: client, probe: probe, table: table}
-	p.store = redisstore.NewStore(client, redisstore.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Probe: probe, Metrics: redisstore.NewMetrics(reg), Log: log})
+	// Decisions go through go-redis's autopipeliner: calls that arrive
+	// while others are in flight leave together, one write and one read
+	// for a batch, per Cluster node. A lone call leaves at once; a batch
+	// waits for nothing but the batch ahead of it.
+	pipe, err := client.AutoPipeline()
+	if err != nil {
+		client.Close()
+		probe.Close()
+		return nil, fmt.Errorf("redis autopipelining: %w", err)
+	}
+	p := &redisParts{client: client, probe: probe, pipe: pipe, table: table}
+	p.store = redisstore.NewStore(pipe, redisstore.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Probe: probe, Metrics: redisstore.NewMetrics(reg), Log: log})
 	if pingErr == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if werr := p.store.Warm(ctx); werr != nil {
@@ -153,6 +164,7 @@ func (p *redisParts) close(log *slog.Logger) {
 	p.hybrid.Close(ctx)
 	p.peers.Close(ctx)
 	p.store.Close()
+	p.pipe.Close()
 	if err := p.client.Close(); err != nil {
 		log.Warn("closing redis client", "error", err.Error())
 	}

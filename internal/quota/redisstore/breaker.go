@@ -37,6 +37,12 @@ import (
 // are not Redis being down; a caller that went away (context.Canceled from
 // its own context) says nothing about Redis at all.
 //
+// A probe whose timeout this process noticed late (it was not running when
+// the deadline passed: a CPU limit, a starved machine, with Redis's answer
+// perhaps waiting to be read) is inconclusive and is asked again with a
+// shorter deadline; a confirmation can then take longer than ProbeTimeout,
+// but a starved process does not open the breaker.
+//
 // Once open, calls fail at once with ErrStoreDown, calls in flight are
 // abandoned (their decisions fall back immediately rather than wait out
 // their timeouts), and a probe every ProbeEvery tests whether Redis is back.
@@ -103,18 +109,37 @@ func (s *Store) confirm(cause error, done chan struct{}) {
 		s.verdictMu.Unlock()
 		close(done)
 	}()
-	began := time.Now().UnixNano()
-	err := s.probeOnce(s.opts.ProbeTimeout)
-	if err == nil {
-		s.opts.Metrics.Calls.WithLabelValues("confirm", "ok").Inc()
+	timeout := s.opts.ProbeTimeout
+	for {
+		began := time.Now()
+		err := s.probeOnce(timeout)
+		if err == nil {
+			s.opts.Metrics.Calls.WithLabelValues("confirm", "ok").Inc()
+			return
+		}
+		if s.lastOK.Load() >= began.UnixNano() {
+			s.opts.Metrics.Calls.WithLabelValues("confirm", resultOf(err)).Inc()
+			return // a decision's call got through meanwhile: Redis answers
+		}
+		if late := time.Since(began) - timeout; isTimeout(err) && late > timeout/5 && !s.closed.Load() {
+			// The timeout was noticed late: this process was not running
+			// when the probe's deadline passed (a CPU limit, a starved
+			// machine), and Redis's answer may have been waiting to be
+			// read. That says nothing about Redis: ask again, with a
+			// shorter deadline so that a periodic freeze does not land
+			// on it again.
+			s.opts.Metrics.Calls.WithLabelValues("confirm", "inconclusive").Inc()
+			timeout = max(timeout*7/10, s.opts.ProbeTimeout/2)
+			continue
+		}
+		s.opts.Metrics.Calls.WithLabelValues("confirm", resultOf(err)).Inc()
+		s.markDown(cause, err)
 		return
 	}
-	s.opts.Metrics.Calls.WithLabelValues("confirm", resultOf(err)).Inc()
-	if s.lastOK.Load() >= began {
-		return // a decision's call got through meanwhile: Redis answers
-	}
-	s.markDown(cause, err)
 }
+
+// tick is the watch's period.
+func (s *Store) tick() time.Duration { return max(s.opts.StallAfter/2, time.Millisecond) }
 
 // confirming reports whether a confirmation probe is running.
 func (s *Store) confirming() bool {
@@ -181,7 +206,7 @@ func (s *Store) markUp() {
 // probes a down store every ProbeEvery.
 func (s *Store) watch() {
 	defer s.wg.Done()
-	tick := time.NewTicker(max(s.opts.StallAfter/2, time.Millisecond))
+	tick := time.NewTicker(s.tick())
 	defer tick.Stop()
 	var lastProbe time.Time
 	for {

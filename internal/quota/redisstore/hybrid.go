@@ -19,15 +19,21 @@ import (
 // lose is the unspent remainder of slices, which goes back to Redis when a
 // slice idles out, when its key is evicted from the cache, and at shutdown.
 //
-// Slices adapt per key: enough for the next Horizon of the key's local
-// traffic, at least one token, at most a quarter of the bucket divided by
-// the replica count, and at most half of what Redis last said remained,
-// divided by the replica count. Far from the limit a busy key leases large
-// slices and rarely calls Redis; near the limit slices shrink to one token
-// and every decision is exact. A lease that finds the bucket empty is cached
-// as "denied until the next token is due", answered locally until then.
-// Concurrent misses on one key make one Redis call: the first request leases
-// while the others wait for it and then spend what it brought.
+// Slices are sized by demand: enough for the key's local traffic over the
+// Horizon (a second by default, the default slice idle time: a slice covers
+// what is expected before it would go back), at least one token, at most a quarter of the
+// bucket divided by the replica count, and at most half of what Redis last
+// said remained, divided by the replica count. A key's first decision on a
+// replica has no rate yet: it leases one token, spent at once, an exact
+// call that also reports the bucket's level. A key that comes back soon
+// leases for its rate. Far from the limit a busy key leases large slices
+// and rarely calls Redis; near the limit slices shrink to one token and
+// every decision is exact. What a replica can hold unspent is bounded by
+// the quarter-bucket share, and goes back after the idle time. A lease
+// that finds the bucket empty is cached as "denied until the next token is
+// due", answered locally until then. Concurrent misses on one key make one
+// Redis call at a time: the first request leases while the others wait
+// for it, and the next lease is sized for all of them.
 //
 // Only the token bucket leases. Fixed and sliding window counts could be
 // leased the same way, but a count leased in one window is worthless in
@@ -58,6 +64,9 @@ type flight struct {
 	err  error
 }
 
+// DefaultHorizon is how much of a key's traffic a slice covers by default.
+const DefaultHorizon = time.Second
+
 // PeerCounter reports how many replicas share the store.
 type PeerCounter interface{ Count() int64 }
 
@@ -66,7 +75,7 @@ type HybridOptions struct {
 	// SliceIdle: unspent tokens go back to Redis after this long unused.
 	SliceIdle time.Duration
 	// Horizon is how much of a key's traffic one slice should cover
-	// (default 100ms).
+	// (default DefaultHorizon).
 	Horizon time.Duration
 	Metrics *Metrics // nil: the store's
 	Log     *slog.Logger
@@ -106,7 +115,7 @@ func NewHybrid(table *Table, store *Store, peers PeerCounter, opts HybridOptions
 		opts.SliceIdle = time.Second
 	}
 	if opts.Horizon <= 0 {
-		opts.Horizon = 100 * time.Millisecond
+		opts.Horizon = DefaultHorizon
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now

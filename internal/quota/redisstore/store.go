@@ -73,6 +73,7 @@ type Store struct {
 	inflight atomic.Int64
 	progress atomic.Int64
 	lastOK   atomic.Int64
+
 	// verdict is closed when the running confirmation probe has decided;
 	// nil while none runs.
 	verdictMu sync.Mutex
@@ -173,14 +174,15 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 		return nil, context.DeadlineExceeded // the caller's budget is spent; Redis is not to blame
 	}
 	// The call runs on its own goroutine so that it can be abandoned when
-	// the store is marked down: go-redis ends a call at its context's
-	// deadline, not when the context is canceled.
+	// the store is marked down, and ended at its deadline whatever the
+	// client does with contexts (an autopipelined command, once sent,
+	// finishes with its batch).
+	callCtx, cancel := context.WithTimeout(ctx, t)
+	defer cancel()
 	res := make(chan result, 1)
 	s.begin(start.UnixNano())
 	go func() {
-		callCtx, cancel := context.WithTimeout(ctx, t)
 		v, err := script.Run(callCtx, s.rdb, keys, args...).Result()
-		cancel()
 		s.end(time.Now().UnixNano(), err == nil)
 		res <- result{v, err}
 	}()
@@ -191,6 +193,8 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 		v, err = r.v, r.err
 	case <-o.ctx.Done():
 		err = o.ctx.Err()
+	case <-callCtx.Done():
+		err = callCtx.Err()
 	}
 	done := time.Now()
 	s.opts.Metrics.Duration.WithLabelValues(op).Observe(done.Sub(start).Seconds())
