@@ -134,8 +134,9 @@ func (p *prerendered) deny(v *engine.Verdict, cfg *config.Config) *authv3.CheckR
 		md.Fields["remaining"] = structpb.NewNumberValue(float64(max(worst.Decision.Remaining, 0)))
 	case engine.Unavailable:
 		var first *engine.Taken
-		for i := range v.Takes {
-			if t := &v.Takes[i]; !t.OK && !t.Policy.Shadow && first == nil {
+		takes := v.Takes()
+		for i := range takes {
+			if t := &takes[i]; !t.OK && !t.Policy.Shadow && first == nil {
 				first = t
 			}
 		}

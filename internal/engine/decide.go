@@ -59,11 +59,39 @@ type Verdict struct {
 	CredHeader string
 	// Detail is the problem detail of a 401 or a 500.
 	Detail string
-	// Takes are the matching policies' decisions, in configuration order.
-	Takes []Taken
 
-	buf [8]Taken
+	// The matching policies' decisions, in configuration order: the first
+	// eight in buf, all of them in more when there are more. (A slice of
+	// buf kept in the Verdict would make every Verdict escape to the heap.)
+	n    int
+	buf  [8]Taken
+	more []Taken
 }
+
+// Takes returns the matching policies' decisions, in configuration order.
+func (v *Verdict) Takes() []Taken {
+	if v.more != nil {
+		return v.more
+	}
+	return v.buf[:v.n]
+}
+
+// add appends a policy's decision.
+func (v *Verdict) add(t Taken) {
+	switch {
+	case v.more != nil:
+		v.more = append(v.more, t)
+	case v.n < len(v.buf):
+		v.buf[v.n] = t
+		v.n++
+	default:
+		v.more = append(append(make([]Taken, 0, 2*len(v.buf)), v.buf[:v.n]...), t)
+	}
+}
+
+// clearTakes forgets the decisions, when the request is refused before any
+// quota is taken.
+func (v *Verdict) clearTakes() { v.n, v.more = 0, nil }
 
 // Decide decides req at now into v. It returns an error only when a
 // limiter failed in a way no policy setting covers (the door answers with
@@ -71,7 +99,6 @@ type Verdict struct {
 // while its request was held (v.Outcome is Canceled).
 func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Verdict) error {
 	*v = Verdict{}
-	v.Takes = v.buf[:0]
 
 	// 1. Identify the caller. A presented key that is not known is a 401
 	// before any policy runs, and leaves no state behind.
@@ -91,26 +118,29 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 		if !p.matches(req) {
 			continue
 		}
-		if len(v.Takes) == MaxPoliciesPerRequest {
+		if len(v.Takes()) == MaxPoliciesPerRequest {
 			e.warnTooMany(ctx)
-			v.Outcome, v.Detail, v.Takes = Failed, tooManyDetail, v.Takes[:0]
+			v.Outcome, v.Detail = Failed, tooManyDetail
+			v.clearTakes()
 			return nil
 		}
 		key, missing := p.partition(req, caller, e.cfg.IPTrustedHops)
 		if missing && p.OnMissingKey == config.MissingReject {
-			v.Outcome, v.Detail, v.Takes = Unauthorized, missingDetail(p), v.Takes[:0]
+			v.Outcome, v.Detail = Unauthorized, missingDetail(p)
+			v.clearTakes()
 			return nil
 		}
-		v.Takes = append(v.Takes, Taken{Policy: p, Key: key, Limit: p.limitFor(caller), Units: 1})
+		v.add(Taken{Policy: p, Key: key, Limit: p.limitFor(caller), Units: 1})
 	}
 
 	// 3. Ask every policy for one unit.
 	denied := false
-	for i := range v.Takes {
-		t := &v.Takes[i]
+	takes := v.Takes()
+	for i := range takes {
+		t := &takes[i]
 		d, err := t.Policy.limiter.Take(ctx, t.Key, t.Limit.Limit, t.Units, now)
 		if err != nil {
-			e.refund(ctx, v.Takes[:i], now)
+			e.refund(ctx, takes[:i], now)
 			v.Outcome = Failed
 			return fmt.Errorf("policy %s: %w", t.Policy.Name, err)
 		}
@@ -131,14 +161,14 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 
 	// 4. A request denied by one policy consumes nothing from the others.
 	if denied {
-		e.refund(ctx, v.Takes, now)
+		e.refund(ctx, takes, now)
 		v.Outcome = OverLimit
-		if unavailable(v.Takes) {
+		if unavailable(takes) {
 			v.Outcome = Unavailable
 		}
 		return nil
 	}
-	if err := e.holdAllowed(ctx, v.Takes, now); err != nil {
+	if err := e.holdAllowed(ctx, takes, now); err != nil {
 		v.Outcome = Canceled
 		return err
 	}
@@ -208,8 +238,9 @@ func unavailable(takes []Taken) bool {
 // headers describe. Nil when no enforcing policy matched.
 func (v *Verdict) Tightest() *Taken {
 	var tightest *Taken
-	for i := range v.Takes {
-		t := &v.Takes[i]
+	takes := v.Takes()
+	for i := range takes {
+		t := &takes[i]
 		if t.Policy.Shadow {
 			continue // shadow policies observe; clients never see them
 		}
@@ -225,8 +256,9 @@ func (v *Verdict) Tightest() *Taken {
 // with the longest wait: a 429's Retry-After and RateLimit headers
 // describe it, so the client is told one consistent time.
 func (v *Verdict) Denials() (worst *Taken, names []string) {
-	for i := range v.Takes {
-		t := &v.Takes[i]
+	takes := v.Takes()
+	for i := range takes {
+		t := &takes[i]
 		if t.OK || t.Policy.Shadow {
 			continue
 		}

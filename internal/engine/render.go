@@ -51,8 +51,9 @@ func (v *Verdict) Deny(legacy bool) Denial {
 	case Unavailable:
 		var wait time.Duration
 		var names []string
-		for i := range v.Takes {
-			if t := &v.Takes[i]; !t.OK && !t.Policy.Shadow {
+		takes := v.Takes()
+		for i := range takes {
+			if t := &takes[i]; !t.OK && !t.Policy.Shadow {
 				wait = max(wait, t.Decision.RetryAfter)
 				names = append(names, t.Policy.Name)
 			}

@@ -35,7 +35,8 @@ func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 	const peers = 3
 	primary := quota.Limiter(redisstore.NewRedis(store, table))
 	if mode == "hybrid" {
-		primary = redisstore.NewHybrid(table, store, fixedPeers(peers), redisstore.HybridOptions{SliceIdle: time.Hour, Metrics: m, Log: quiet, Now: clk.Now})
+		// The default idle time: it sizes the first slices (see below).
+		primary = redisstore.NewHybrid(table, store, fixedPeers(peers), redisstore.HybridOptions{SliceIdle: time.Second, Metrics: m, Log: quiet, Now: clk.Now})
 	}
 	r := redisstore.NewResilient(primary, table, local.NewFallback(counts), fixedPeers(peers), store)
 	l := quota.Limit{Limit: 90, Window: time.Minute, OnError: quota.ErrorFallback}
@@ -67,7 +68,8 @@ func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 		}
 	}
 	// Worked by hand: redis mode leaves 30 in Redis, a third is 10. In
-	// hybrid mode the first lease is 1 token, the next seven are slices
+	// hybrid mode the first lease is 1 token (the tokens Redis refills
+	// within the second's idle time: one, at one per 667ms), the next seven are slices
 	// of 7 (a quarter of the bucket over three replicas), then a sixth of
 	// what Redis holds as it runs low: 6 of 40, then 5 of 34, leaving 29.
 	// The 60th decision spent the fourth of those 5, so one is left in

@@ -181,9 +181,9 @@ func (s *Store) markDown(cause, probeErr error) {
 	if s.closed.Load() || !s.down.CompareAndSwap(false, true) {
 		return
 	}
-	s.outage.Load().cancel()
 	s.opts.Metrics.Up.Set(0)
 	s.opts.Metrics.BreakerOpened.Inc()
+	s.outage.Load().cancel()
 	s.opts.Log.Warn("redis marked down; policies follow on_redis_error",
 		"error", cause.Error(), "probe", probeErr.Error())
 }

@@ -47,6 +47,7 @@ import (
 // the last lease.
 type slice struct {
 	tokens      int64   // leased from Redis, not yet spent
+	interval    int64   // ns per token of the limit last leased under
 	deniedUntil int64   // unix ns until which the Redis bucket is known empty
 	fullAt      int64   // unix ns at which the Redis bucket is full, as of the last lease
 	lastUsed    int64   // unix ns of the last decision or refund
@@ -245,6 +246,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 			continue
 		}
 		e.tokens += ls.granted
+		e.interval = l.Interval()
 		h.holdLocked(key, e)
 	}
 }
@@ -279,7 +281,12 @@ func (h *Hybrid) sliceSizeLocked(e *keyState, l quota.Limit, ns int64) int64 {
 	capacity := l.Capacity()
 	peers := max(h.peers.Count(), 1)
 	want := int64(math.Ceil(e.rate * h.opts.Horizon.Seconds()))
-	want = max(want, e.waiting+1, 1)
+	// Tokens that Redis refills within the idle time cost nobody anything
+	// if they go unspent: lease at least those, so a key that comes back
+	// within the idle time finds them here, and let them expire unspent
+	// rather than spend a call giving them back (Sweep).
+	free := int64(h.opts.SliceIdle) / l.Interval()
+	want = max(want, free, e.waiting+1, 1)
 	byShare := max(capacity/(4*peers), 1)
 	remote := capacity
 	if e.remoteAt != 0 {
@@ -376,7 +383,9 @@ func (h *Hybrid) sweepLoop() {
 }
 
 // Sweep gives back the tokens of every slice unused for at least idle as of
-// now. Close calls it with idle 0 to return everything.
+// now, but for the idle sweep's small remainders that Redis refills within
+// the idle time anyway, which are left to expire. Close calls it with idle
+// 0 to return everything.
 func (h *Hybrid) Sweep(now time.Time, idle time.Duration, reason string) {
 	ns := now.UnixNano()
 	h.holdersMu.Lock()
@@ -400,6 +409,12 @@ func (h *Hybrid) Sweep(now time.Time, idle time.Duration, reason string) {
 			n, e.tokens = e.tokens, 0
 			delete(h.holders, key)
 			e.holding = false
+			if reason == "idle" && n*e.interval <= int64(idle) {
+				// Redis refills these within the idle time by itself: a
+				// call to give them back would buy nothing.
+				h.opts.Metrics.TokensReturned.WithLabelValues("expired").Add(float64(n))
+				n = 0
+			}
 		}
 		h.holdersMu.Unlock()
 		sh.Unlock()

@@ -20,7 +20,8 @@ type Metrics struct {
 	SlicesLeased prometheus.Counter
 	TokensLeased prometheus.Counter
 	// TokensReturned counts unspent hybrid tokens given back to Redis, by
-	// reason (idle, evicted, shutdown, refund).
+	// reason (idle, evicted, shutdown, refund), and those left to expire
+	// because Redis refills them within the idle time (expired).
 	TokensReturned *prometheus.CounterVec
 	// LeaseWaits counts hybrid decisions that waited for another request's
 	// lease of the same key instead of calling Redis themselves.
@@ -61,7 +62,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		TokensReturned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "hybrid_tokens_returned_total",
-			Help: "Unspent hybrid tokens given back to Redis, by reason (idle, evicted, shutdown, refund).",
+			Help: "Unspent hybrid tokens given back to Redis, by reason (idle, evicted, shutdown, refund); expired: left to refill by themselves within the idle time.",
 		}, []string{"reason"}),
 		LeaseWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "hybrid_lease_waits_total",
@@ -74,7 +75,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	// Series that exist from the start, so dashboards and alerts see 0
 	// rather than nothing.
-	for _, reason := range []string{"idle", "evicted", "shutdown", "refund"} {
+	for _, reason := range []string{"idle", "evicted", "shutdown", "refund", "expired"} {
 		m.TokensReturned.WithLabelValues(reason)
 	}
 	if reg != nil {
