@@ -1,0 +1,113 @@
+package rls
+
+import (
+	"math"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/extauthz/extauthz/internal/engine"
+)
+
+// What Envoy gets back: the overall code, one status per descriptor, and,
+// unless rls.response_headers is false, what every door tells a client:
+// on OK the RateLimit-Policy and RateLimit headers of the most
+// constrained limit (Envoy adds them to the upstream's response); over
+// the limit, Retry-After, the RateLimit headers of the limit with the
+// longest wait and the problem+json body (Envoy sends them in its 429,
+// the body as raw_body, our content-type in place of its text/plain).
+
+// statusParts are the messages of one descriptor's status, allocated
+// together.
+type statusParts struct {
+	st  rlsv3.RateLimitResponse_DescriptorStatus
+	dur durationpb.Duration
+}
+
+func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse {
+	n := len(a.slots)
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+	parts := make([]statusParts, n)
+	for i := range a.slots {
+		sl, p := &a.slots[i], &parts[i]
+		resp.Statuses[i] = &p.st
+		p.st.Code = rlsv3.RateLimitResponse_OK
+		switch {
+		case sl.take < 0:
+			if sl.rule != nil && sl.rule.unlimited {
+				// envoyproxy/ratelimit's answer for an unlimited
+				// descriptor: OK, and all the room there is.
+				p.st.LimitRemaining = math.MaxUint32
+			}
+		default:
+			t := &a.takes[sl.take]
+			if !t.OK && !t.Policy.Shadow {
+				p.st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+			if t.OK {
+				p.st.LimitRemaining = uint32(min(max(t.Decision.Remaining, 0), math.MaxUint32))
+			}
+			p.st.CurrentLimit = sl.current
+			reset := max(t.Decision.ResetAfter, 0)
+			p.dur.Seconds, p.dur.Nanos = int64(reset/time.Second), int32(reset%time.Second)
+			p.st.DurationUntilReset = &p.dur
+		}
+	}
+	if o != engine.OK {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if c.cfg.RLS.ResponseHeaders {
+		c.headers(resp, a, o)
+	}
+	return resp
+}
+
+func (c *compiled) headers(resp *rlsv3.RateLimitResponse, a *answer, o engine.Outcome) {
+	v := engine.Verdict{Outcome: o, Takes: a.takes}
+	legacy := c.cfg.Headers.Legacy
+	if o == engine.OK {
+		t := v.Tightest()
+		if t == nil {
+			return
+		}
+		d := &t.Decision
+		h := []*corev3.HeaderValue{
+			{Key: "ratelimit-policy", Value: t.Limit.Header},
+			{Key: "ratelimit", Value: engine.RateLimitHeader(t.Policy.Name, d.Remaining, d.ResetAfter)},
+		}
+		if legacy {
+			for _, kv := range engine.LegacyHeaders(d.Limit, d.Remaining, d.ResetAfter) {
+				h = append(h, &corev3.HeaderValue{Key: kv[0], Value: kv[1]})
+			}
+		}
+		resp.ResponseHeadersToAdd = h
+		return
+	}
+	den := v.Deny(legacy)
+	// Envoy answers OVER_LIMIT with its rate limit filter's status, 429
+	// unless configured otherwise; an on_redis_error: deny keeps its
+	// problem type (temporary reduced capacity) but not the 503 the
+	// ext_authz door can send.
+	den.Problem.Status, den.Problem.Title = 429, "Too Many Requests"
+	h := make([]*corev3.HeaderValue, 0, len(den.Headers)+1)
+	h = append(h, &corev3.HeaderValue{Key: "content-type", Value: engine.ProblemContentType})
+	for _, kv := range den.Headers {
+		h = append(h, &corev3.HeaderValue{Key: kv[0], Value: kv[1]})
+	}
+	resp.ResponseHeadersToAdd = h
+	resp.RawBody = []byte(den.Problem.JSON())
+}
+
+// noLimits is the answer for a domain no file defines: every descriptor
+// OK, with no limit, as envoyproxy/ratelimit answers.
+func noLimits(n int) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
+	for i := range sts {
+		sts[i].Code = rlsv3.RateLimitResponse_OK
+		resp.Statuses[i] = &sts[i]
+	}
+	return resp
+}
