@@ -51,13 +51,12 @@ func (p *Policy) NewLimit(n int64, window time.Duration) Limit {
 }
 
 // CountedAs returns a copy of the policy whose decisions count under name
-// (same mode, limiter and limits), for a door whose metrics name a
-// decision by the request's values (envoyproxy/ratelimit's
-// detailed_metric). Each call creates the name's series: the caller bounds
-// how many names it uses.
+// in m (same mode, limiter and limits; its Name, which clients are told,
+// stays), for a door whose metrics name a decision by the request's values
+// (envoyproxy/ratelimit's detailed_metric). Each call creates the name's
+// series: the caller bounds how many names it uses.
 func (p *Policy) CountedAs(name string, m *Metrics) *Policy {
 	c := *p
-	c.Name = name
 	c.counters = m.forPolicy(name, string(p.Mode))
 	return &c
 }

@@ -144,8 +144,18 @@ func TestNewPolicyLimits(t *testing.T) {
 		t.Fatalf("override %+v", l)
 	}
 	c := p.CountedAs("d.k_x", m)
-	if c.Name != "d.k_x" || p.Name != "d.k_v" || c.FixedLimit() != p.FixedLimit() {
+	if c.Name != "d.k_v" || c.FixedLimit() != p.FixedLimit() {
 		t.Fatalf("copy %+v of %+v", c, p)
+	}
+	takes := []Taken{{Policy: c, Key: "x", Limit: c.FixedLimit(), Units: 1}}
+	if o, err := TakeAll(context.Background(), takes, time.Unix(0, 0), nil); o != OK || err != nil {
+		t.Fatalf("%v %v", o, err)
+	}
+	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("d.k_x", "local", "allowed")); got != 1 {
+		t.Fatalf("counted under the new name: %v", got)
+	}
+	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("d.k_v", "local", "allowed")); got != 0 {
+		t.Fatalf("counted under the old name: %v", got)
 	}
 	if _, err := NewPolicy(config.Policy{Name: "r", Mode: config.ModeRedis, Limit: 1, Window: time.Second}, Limiters{}, m); err == nil {
 		t.Fatal("a mode without a limiter compiled")

@@ -47,7 +47,13 @@ func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse
 				p.st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
 			if t.OK {
-				p.st.LimitRemaining = uint32(min(max(t.Decision.Remaining, 0), math.MaxUint32))
+				rem := t.Decision.Remaining
+				if o != engine.OK {
+					// Another descriptor denied the request and this
+					// one's hits were given back: they remain.
+					rem = min(rem+t.Units, t.Decision.Limit)
+				}
+				p.st.LimitRemaining = uint32(min(max(rem, 0), math.MaxUint32))
 			}
 			p.st.CurrentLimit = sl.current
 			reset := max(t.Decision.ResetAfter, 0)

@@ -359,7 +359,10 @@ func TestOneDeniedSpendsNothing(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		resp := f.call("sms", promo, any)
 		sts := resp.GetStatuses()
-		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || sts[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || sts[1].GetCode() != rlsv3.RateLimitResponse_OK {
+		// The other descriptor's status says what remains after its
+		// hit was given back.
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || sts[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT ||
+			sts[1].GetCode() != rlsv3.RateLimitResponse_OK || sts[1].GetLimitRemaining() != 95 {
 			t.Fatalf("%v", resp)
 		}
 	}

@@ -92,12 +92,23 @@ func New(cfg *config.Config, rc *rlsconfig.Config, limiters engine.Limiters, m *
 // Update compiles the configuration and makes it the running one. On error
 // the running configuration stays.
 func (s *Server) Update(cfg *config.Config, rc *rlsconfig.Config) error {
-	c, err := compile(cfg, rc, s.limiters, s.metrics, s.log)
+	commit, err := s.Prepare(cfg, rc)
 	if err != nil {
 		return err
 	}
-	s.current.Store(c)
+	commit()
 	return nil
+}
+
+// Prepare compiles the configuration; commit makes it the running one. A
+// reload prepares every door before committing any, so the doors change
+// configuration together or not at all.
+func (s *Server) Prepare(cfg *config.Config, rc *rlsconfig.Config) (commit func(), err error) {
+	c, err := compile(cfg, rc, s.limiters, s.metrics, s.log)
+	if err != nil {
+		return nil, err
+	}
+	return func() { s.current.Store(c) }, nil
 }
 
 // Config returns the running descriptor configuration (nil: none).
