@@ -19,32 +19,47 @@ import (
 // longest wait and the problem+json body (Envoy sends them in its 429,
 // the body as raw_body, our content-type in place of its text/plain).
 
-// statusParts are the messages of one descriptor's status, allocated
-// together.
-type statusParts struct {
-	st  rlsv3.RateLimitResponse_DescriptorStatus
-	dur durationpb.Duration
+// respParts holds the messages of an answer of one descriptor (the
+// usual call: one rate_limits entry per route), so that building one costs
+// one allocation: an allowed call is the hot path, and small objects per
+// call show up as garbage collection under load. Answers of more
+// descriptors allocate their statuses apart. The messages are never
+// copied: only pointers into this struct escape.
+type respParts struct {
+	resp  rlsv3.RateLimitResponse
+	stBuf [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	st    [1]rlsv3.RateLimitResponse_DescriptorStatus
+	dur   [1]durationpb.Duration
+	hBuf  [2]*corev3.HeaderValue
+	h     [2]corev3.HeaderValue
 }
 
 func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse {
 	n := len(a.slots)
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
-	parts := make([]statusParts, n)
+	p := &respParts{}
+	resp := &p.resp
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
+	sts, durs := p.st[:], p.dur[:]
+	resp.Statuses = p.stBuf[:0]
+	if n > len(p.st) {
+		sts, durs = make([]rlsv3.RateLimitResponse_DescriptorStatus, n), make([]durationpb.Duration, n)
+		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, 0, n)
+	}
 	for i := range a.slots {
-		sl, p := &a.slots[i], &parts[i]
-		resp.Statuses[i] = &p.st
-		p.st.Code = rlsv3.RateLimitResponse_OK
+		sl, st, dur := &a.slots[i], &sts[i], &durs[i]
+		resp.Statuses = append(resp.Statuses, st)
+		st.Code = rlsv3.RateLimitResponse_OK
 		switch {
 		case sl.take < 0:
 			if sl.rule != nil && sl.rule.unlimited {
 				// envoyproxy/ratelimit's answer for an unlimited
 				// descriptor: OK, and all the room there is.
-				p.st.LimitRemaining = math.MaxUint32
+				st.LimitRemaining = math.MaxUint32
 			}
 		default:
 			t := &a.takes[sl.take]
 			if !t.OK && !t.Policy.Shadow {
-				p.st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
 			if t.OK {
 				rem := t.Decision.Remaining
@@ -53,24 +68,25 @@ func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse
 					// one's hits were given back: they remain.
 					rem = min(rem+t.Units, t.Decision.Limit)
 				}
-				p.st.LimitRemaining = uint32(min(max(rem, 0), math.MaxUint32))
+				st.LimitRemaining = uint32(min(max(rem, 0), math.MaxUint32))
 			}
-			p.st.CurrentLimit = sl.current
+			st.CurrentLimit = sl.current
 			reset := max(t.Decision.ResetAfter, 0)
-			p.dur.Seconds, p.dur.Nanos = int64(reset/time.Second), int32(reset%time.Second)
-			p.st.DurationUntilReset = &p.dur
+			dur.Seconds, dur.Nanos = int64(reset/time.Second), int32(reset%time.Second)
+			st.DurationUntilReset = dur
 		}
 	}
 	if o != engine.OK {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if c.cfg.RLS.ResponseHeaders {
-		c.headers(resp, a, o)
+		c.headers(p, a, o)
 	}
 	return resp
 }
 
-func (c *compiled) headers(resp *rlsv3.RateLimitResponse, a *answer, o engine.Outcome) {
+func (c *compiled) headers(p *respParts, a *answer, o engine.Outcome) {
+	resp := &p.resp
 	v := engine.Verdict{Outcome: o, Takes: a.takes}
 	legacy := c.cfg.Headers.Legacy
 	if o == engine.OK {
@@ -79,10 +95,9 @@ func (c *compiled) headers(resp *rlsv3.RateLimitResponse, a *answer, o engine.Ou
 			return
 		}
 		d := &t.Decision
-		h := []*corev3.HeaderValue{
-			{Key: "ratelimit-policy", Value: t.Limit.Header},
-			{Key: "ratelimit", Value: engine.RateLimitHeader(t.Policy.Name, d.Remaining, d.ResetAfter)},
-		}
+		p.h[0] = corev3.HeaderValue{Key: "ratelimit-policy", Value: t.Limit.Header}
+		p.h[1] = corev3.HeaderValue{Key: "ratelimit", Value: engine.RateLimitHeader(t.Policy.Name, d.Remaining, d.ResetAfter)}
+		h := append(p.hBuf[:0], &p.h[0], &p.h[1])
 		if legacy {
 			for _, kv := range engine.LegacyHeaders(d.Limit, d.Remaining, d.ResetAfter) {
 				h = append(h, &corev3.HeaderValue{Key: kv[0], Value: kv[1]})

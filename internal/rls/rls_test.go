@@ -640,3 +640,39 @@ func writeFile(t *testing.T, dir, name, content string) string {
 	}
 	return p
 }
+
+// BenchmarkShouldRateLimitLocal measures one in-process call in local
+// mode: one descriptor of two entries, a token bucket far from its limit,
+// the RateLimit headers rendered.
+func BenchmarkShouldRateLimitLocal(b *testing.B) {
+	dir := b.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "bench.yaml"), []byte(`
+domain: bench
+descriptors:
+  - key: route
+    value: orders
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 1000000000, algorithm: token_bucket}
+`), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	cfg, _ := config.Parse([]byte("{}"), "bench.yaml")
+	rc, err := rlsconfig.Load([]string{dir}, rlsconfig.OptionsFor(cfg))
+	if err != nil {
+		b.Fatal(err)
+	}
+	table, _ := local.NewTable(100_000)
+	srv, err := New(cfg, rc, engine.Limiters{config.ModeLocal: local.New(table)}, engine.NewMetrics(nil))
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("route", "orders", "user", "ada")}}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if r, _ := srv.ShouldRateLimit(ctx, req); r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			b.Fatal("over the limit")
+		}
+	}
+}
