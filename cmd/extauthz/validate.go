@@ -130,7 +130,7 @@ func printSummary(w io.Writer, cfg *config.Config) {
 	fmt.Fprintf(w, "grpc %s, admin %s, redis %s, %d client keys, local cache %d keys\n",
 		cfg.Listen.GRPC, orNone(cfg.Listen.Admin), store, len(cfg.Clients.Keys), cfg.Local.MaxKeys)
 	if len(cfg.Policies) == 0 {
-		fmt.Fprintln(w, "no policies: every request is allowed")
+		fmt.Fprintln(w, "no policies: every Check is allowed")
 		return
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
