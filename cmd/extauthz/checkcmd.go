@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"sort"
 	"strings"
@@ -56,6 +57,9 @@ func runCheck(e env, args []string) (int, error) {
 		return 2, err
 	}
 	if *rlsDomain != "" {
+		if *hits > math.MaxUint32 {
+			return 2, fmt.Errorf("%w: -hits %d is more than the protocol carries (%d)", errUsage, *hits, uint32(math.MaxUint32))
+		}
 		req, err := rateLimitRequest(*rlsDomain, uint32(*hits), fs.Args())
 		if err != nil {
 			return 2, err

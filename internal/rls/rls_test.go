@@ -30,7 +30,7 @@ var dayStart = time.Unix(1_700_006_400, 0)
 
 // fixture is a local-mode rate limit service at a fixed instant.
 type fixture struct {
-	t   *testing.T
+	t   testing.TB
 	srv *Server
 	m   *engine.Metrics
 	own *Metrics
@@ -39,7 +39,7 @@ type fixture struct {
 
 // newFixture serves the descriptor files (or directories) under the main
 // configuration main (YAML; "" for the defaults).
-func newFixture(t *testing.T, main string, paths ...string) *fixture {
+func newFixture(t testing.TB, main string, paths ...string) *fixture {
 	t.Helper()
 	cfg := mainConfig(t, main)
 	var err error
@@ -60,7 +60,7 @@ func newFixture(t *testing.T, main string, paths ...string) *fixture {
 }
 
 // mainConfig parses the main configuration ("" for the defaults).
-func mainConfig(t *testing.T, main string) *config.Config {
+func mainConfig(t testing.TB, main string) *config.Config {
 	t.Helper()
 	if main == "" {
 		main = "{}"
