@@ -379,6 +379,22 @@ func TestRLSReload(t *testing.T) {
 	// SIGHUP re-reads: the file is still invalid.
 	s.cmd.Process.Signal(syscall.SIGHUP)
 	waitMetric(t, s, 10*time.Second, 2, "extauthz_config_reloads_total", "result", "failure")
+
+	// The main configuration names another directory: its files are
+	// served, and from then on watched instead.
+	other := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(other, "edge.yaml"), []byte(fmt.Sprintf(limit, 1)), 0o600))
+	main, _ := os.ReadFile(s.config)
+	writeAtomically(t, s.config, strings.Replace(string(main), dir, other, 1))
+	waitMetric(t, s, 10*time.Second, 3, "extauthz_config_reloads_total", "result", "success")
+	if got := admitted(2, edge("192.0.2.3")); got != 1 {
+		t.Fatalf("the other directory's limit of 1: %d admitted", got)
+	}
+	writeAtomically(t, filepath.Join(other, "edge.yaml"), fmt.Sprintf(limit, 3))
+	waitMetric(t, s, 10*time.Second, 4, "extauthz_config_reloads_total", "result", "success")
+	if got := admitted(3, edge("192.0.2.3")); got != 2 {
+		t.Fatalf("after raising the other directory's limit to 3: %d more admitted, want 2", got)
+	}
 }
 
 // Redis killed under load, at the defaults, through the rate limit
