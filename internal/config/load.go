@@ -189,6 +189,9 @@ func Parse(data []byte, name string) (*Config, error) {
 // resolvePaths makes relative paths relative to the directory of the
 // configuration file named name.
 func resolvePaths(paths []string, name string) []string {
+	if len(paths) == 0 {
+		return nil
+	}
 	out := make([]string, len(paths))
 	for i, p := range paths {
 		if !filepath.IsAbs(p) && name != EmbeddedSource {
