@@ -3,8 +3,6 @@ package tests
 import (
 	"context"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -140,33 +138,15 @@ type rlsResult struct {
 // 2-minute deadline.
 func driveRLS(t *testing.T, replicas []*sidecar, n, workers int, req func(i int) *rlsv3.RateLimitRequest) []rlsResult {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	clients := make([]rlsv3.RateLimitServiceClient, len(replicas))
 	for i, r := range replicas {
 		clients[i] = r.rls()
 	}
 	out := make([]rlsResult, n)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n || ctx.Err() != nil {
-					return
-				}
-				resp, err := clients[i%len(clients)].ShouldRateLimit(ctx, req(i))
-				out[i] = rlsResult{replica: i % len(clients), resp: resp, err: err}
-			}
-		}()
-	}
-	wg.Wait()
-	if ctx.Err() != nil {
-		t.Fatalf("load run of %d requests did not finish within its deadline", n)
-	}
+	driveCalls(t, n, workers, func(ctx context.Context, i int) {
+		resp, err := clients[i%len(clients)].ShouldRateLimit(ctx, req(i))
+		out[i] = rlsResult{replica: i % len(clients), resp: resp, err: err}
+	})
 	return out
 }
 
@@ -185,39 +165,25 @@ func tallyRLS(t *testing.T, results []rlsResult) map[int]int {
 }
 
 // startRLSBackground drives rate limit calls at s until halted, recording
-// each as the outage tests' background does.
+// each as the outage tests' background does. (Envoy's rate limit filter
+// gives a call 20ms by default; the tests give it more, so a slow answer
+// is measured rather than cut off.)
 func startRLSBackground(s *sidecar, workers int, req func(i int) *rlsv3.RateLimitRequest) *background {
-	b := &background{stop: make(chan struct{})}
 	client := s.rls()
-	var next atomic.Int64
-	for w := 0; w < workers; w++ {
-		b.wg.Add(1)
-		go func() {
-			defer b.wg.Done()
-			deadline := time.Now().Add(time.Minute) // bounded whatever happens
-			for time.Now().Before(deadline) {
-				select {
-				case <-b.stop:
-					return
-				default:
-				}
-				i := int(next.Add(1))
-				start := time.Now()
-				// Envoy's rate limit filter gives a call 20ms by default;
-				// the tests give it more, so a slow answer is measured
-				// rather than cut off.
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				resp, err := client.ShouldRateLimit(ctx, req(i))
-				cancel()
-				smp := sample{start: start, latency: time.Since(start), err: err}
-				if err == nil {
-					smp.status = rlsStatus(resp)
-				}
-				b.mu.Lock()
-				b.samples = append(b.samples, smp)
-				b.mu.Unlock()
-			}
-		}()
+	return startCalls(workers, func(ctx context.Context, i int) (int, error) {
+		resp, err := client.ShouldRateLimit(ctx, req(i))
+		return rlsStatus(resp), err
+	})
+}
+
+// rlsAdmitted sends n copies of req and counts those answered OK.
+func (s *sidecar) rlsAdmitted(n int, req *rlsv3.RateLimitRequest) int {
+	s.t.Helper()
+	ok := 0
+	for i := 0; i < n; i++ {
+		if rlsStatus(s.shouldRateLimit(req)) == 200 {
+			ok++
+		}
 	}
-	return b
+	return ok
 }

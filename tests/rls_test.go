@@ -172,15 +172,7 @@ func TestRLSDescriptors(t *testing.T) {
 	rdb := srv.Client()
 	section, _ := domainDir(t, map[string]string{"shop.yaml": shopDomain})
 	s := startSidecar(t, defaultsConfig(srv.Addr, "redis", section))
-	admitted := func(n int, req *rlsv3.RateLimitRequest) int {
-		ok := 0
-		for i := 0; i < n; i++ {
-			if rlsStatus(s.shouldRateLimit(req)) == 200 {
-				ok++
-			}
-		}
-		return ok
-	}
+	admitted := s.rlsAdmitted
 	routeUser := actions(requestHeader(":path", "route"), requestHeader("x-user", "user"))
 	planUser := actions(requestHeader("x-plan", "plan"), requestHeader("x-user", "user"))
 
@@ -331,15 +323,7 @@ func TestRLSReload(t *testing.T) {
 	edge := func(ip string) *rlsv3.RateLimitRequest {
 		return rateLimitRequest("edge", envoyRequest{sourceIP: ip}, actions(remoteAddress()))
 	}
-	admitted := func(n int, req *rlsv3.RateLimitRequest) int {
-		ok := 0
-		for i := 0; i < n; i++ {
-			if rlsStatus(s.shouldRateLimit(req)) == 200 {
-				ok++
-			}
-		}
-		return ok
-	}
+	admitted := s.rlsAdmitted
 	if got := admitted(5, edge("192.0.2.1")); got != 3 {
 		t.Fatalf("before: %d admitted, want 3", got)
 	}
@@ -411,23 +395,7 @@ func TestRLSRedisKilledUnderLoad(t *testing.T) {
 			req := func(n int) *rlsv3.RateLimitRequest {
 				return rateLimitRequest("edge", envoyRequest{sourceIP: fmt.Sprintf("10.%d.%d.%d", 40+i, n>>8&255, n&255)}, actions(remoteAddress()))
 			}
-			bg := startRLSBackground(s, 16, req)
-			waitCount(t, bg, 200)
-			broke := time.Now()
-			srv.Kill()
-			downAt := s.markedDown(5 * time.Second)
-			took := downAt.Sub(broke)
-			t.Logf("breaker opened %v after Redis died", took.Round(time.Millisecond))
-			if took > openWithin {
-				bg.halt()
-				t.Fatalf("breaker opened %v after Redis died; want within %v", took, openWithin)
-			}
-			calls := s.decisionCalls()
-			waitCount(t, bg, len(bg.snapshot())+500)
-			checkOutage(t, bg.halt(), downAt, 200)
-			if after := s.decisionCalls(); after != calls {
-				t.Fatalf("%v Redis calls made by decisions while the store was down", after-calls)
-			}
+			breakLoaded(t, s, startRLSBackground(s, 16, req), 200, srv.Kill)
 			if n := s.metric("extauthz_degraded_decisions_total", "policy", "edge.remote_address", "action", "fallback"); n == 0 {
 				t.Fatal("no fallback decisions counted")
 			}

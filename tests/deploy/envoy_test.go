@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -209,34 +208,7 @@ func checkBootstrap(p *problems, name string, raw []byte, b *bootstrapv3.Bootstr
 // whether it states failure_mode_allow. proto3 cannot tell false from
 // absent, and this choice must be made on purpose.
 func explicitFailureMode(raw []byte) ([]bool, error) {
-	js, err := strictJSON(raw)
-	if err != nil {
-		return nil, err
-	}
-	var doc any
-	if err := json.Unmarshal(js, &doc); err != nil {
-		return nil, err
-	}
-	var out []bool
-	var walk func(v any)
-	walk = func(v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			if v["@type"] == "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz" {
-				_, ok := v["failure_mode_allow"]
-				out = append(out, ok)
-			}
-			for _, x := range v {
-				walk(x)
-			}
-		case []any:
-			for _, x := range v {
-				walk(x)
-			}
-		}
-	}
-	walk(doc)
-	return out, nil
+	return explicitField(raw, "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz", "failure_mode_allow")
 }
 
 func checkHCM(p *problems, name string, raw []byte, b *bootstrapv3.Bootstrap, h *hcmv3.HttpConnectionManager, sc *sidecarConfig, explicit []bool) {
