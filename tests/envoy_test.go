@@ -145,9 +145,23 @@ type result struct {
 // request order. The run is bounded by n and by a 2-minute deadline.
 func drive(t *testing.T, replicas []*sidecar, n, workers int, req func(i int) *authv3.CheckRequest) []result {
 	t.Helper()
+	out := make([]result, n)
+	driveCalls(t, n, workers, func(ctx context.Context, i int) {
+		r := replicas[i%len(replicas)]
+		start := time.Now()
+		resp, err := r.Client.Check(ctx, req(i))
+		done := time.Now()
+		out[i] = result{replica: i % len(replicas), resp: resp, err: err, latency: done.Sub(start), done: done}
+	})
+	return out
+}
+
+// driveCalls makes calls 0..n-1 from `workers` goroutines, bounded by n
+// and by a 2-minute deadline.
+func driveCalls(t *testing.T, n, workers int, call func(ctx context.Context, i int)) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	out := make([]result, n)
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
@@ -159,11 +173,7 @@ func drive(t *testing.T, replicas []*sidecar, n, workers int, req func(i int) *a
 				if i >= n || ctx.Err() != nil {
 					return
 				}
-				r := replicas[i%len(replicas)]
-				start := time.Now()
-				resp, err := r.Client.Check(ctx, req(i))
-				done := time.Now()
-				out[i] = result{replica: i % len(replicas), resp: resp, err: err, latency: done.Sub(start), done: done}
+				call(ctx, i)
 			}
 		}()
 	}
@@ -171,7 +181,6 @@ func drive(t *testing.T, replicas []*sidecar, n, workers int, req func(i int) *a
 	if ctx.Err() != nil {
 		t.Fatalf("load run of %d requests did not finish within its deadline", n)
 	}
-	return out
 }
 
 // timedDrive is drive, also returning how long the run took.

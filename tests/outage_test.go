@@ -60,6 +60,16 @@ type sample struct {
 }
 
 func startBackground(s *sidecar, workers int, req func(i int) *authv3.CheckRequest) *background {
+	return startCalls(workers, func(ctx context.Context, i int) (int, error) {
+		resp, err := s.Client.Check(ctx, req(i))
+		return httpStatus(resp), err
+	})
+}
+
+// startCalls runs call from workers goroutines until halted (or for a
+// minute at most), recording each call's start, latency and status (the
+// HTTP status Envoy would send).
+func startCalls(workers int, call func(ctx context.Context, i int) (status int, err error)) *background {
 	b := &background{stop: make(chan struct{})}
 	var next atomic.Int64
 	for w := 0; w < workers; w++ {
@@ -76,11 +86,11 @@ func startBackground(s *sidecar, workers int, req func(i int) *authv3.CheckReque
 				i := int(next.Add(1))
 				start := time.Now()
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				resp, err := s.Client.Check(ctx, req(i))
+				status, err := call(ctx, i)
 				cancel()
 				smp := sample{start: start, latency: time.Since(start), err: err}
 				if err == nil {
-					smp.status = httpStatus(resp)
+					smp.status = status
 				}
 				b.mu.Lock()
 				b.samples = append(b.samples, smp)
@@ -208,7 +218,12 @@ func perIPRequest(net int) func(int) *authv3.CheckRequest {
 // none waiting on Redis and none making a Redis call.
 func breakUnderLoad(t *testing.T, s *sidecar, req func(int) *authv3.CheckRequest, warm int, brk func()) {
 	t.Helper()
-	bg := startBackground(s, 16, req)
+	breakLoaded(t, s, startBackground(s, 16, req), warm, brk)
+}
+
+// breakLoaded is breakUnderLoad for any background load bg on s.
+func breakLoaded(t *testing.T, s *sidecar, bg *background, warm int, brk func()) {
+	t.Helper()
 	waitCount(t, bg, warm)
 	broke := time.Now()
 	brk()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"sort"
 	"strings"
@@ -23,9 +24,10 @@ import (
 
 func init() {
 	register(command{
-		name:  "check",
-		usage: "[-addr A] [-H 'name: value']... [-source IP] [-host H] [-context k=v]... [-cacert F [-cert F -key F]] METHOD PATH",
-		short: "send one CheckRequest shaped as Envoy builds it and print the decision",
+		name: "check",
+		usage: "[-addr A] [-H 'name: value']... [-source IP] [-host H] [-context k=v]... [-cacert F [-cert F -key F]] METHOD PATH\n" +
+			"       extauthz check -rls DOMAIN [-hits N] [-addr A] [-cacert F [-cert F -key F]] key=value[,key=value]...",
+		short: "send one CheckRequest (or, with -rls, one ShouldRateLimit) as Envoy does and print the decision",
 		run:   runCheck,
 	})
 }
@@ -46,11 +48,28 @@ func runCheck(e env, args []string) (int, error) {
 	caFile := fs.String("cacert", "", "connect with TLS, trusting the CAs in this PEM file")
 	certFile := fs.String("cert", "", "client certificate (PEM) for mTLS; with -key")
 	keyFile := fs.String("key", "", "client key (PEM) for mTLS; with -cert")
+	rlsDomain := fs.String("rls", "", "ask Envoy's rate limit service for this domain instead: each argument is a descriptor key=value[,key=value]")
+	hits := fs.Uint("hits", 0, "with -rls, the request's hits_addend (0: one hit)")
 	var headers, contexts repeated
 	fs.Var(&headers, "H", "request header 'name: value' (repeatable)")
 	fs.Var(&contexts, "context", "per-route context extension key=value (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return 2, err
+	}
+	if *rlsDomain != "" {
+		if *hits > math.MaxUint32 {
+			return 2, fmt.Errorf("%w: -hits %d is more than the protocol carries (%d)", errUsage, *hits, uint32(math.MaxUint32))
+		}
+		req, err := rateLimitRequest(*rlsDomain, uint32(*hits), fs.Args())
+		if err != nil {
+			return 2, err
+		}
+		conn, err := dial(*addr, *caFile, *certFile, *keyFile)
+		if err != nil {
+			return 2, err
+		}
+		defer conn.Close()
+		return askRLS(e, conn, *addr, *timeout, *verbose, req)
 	}
 	if fs.NArg() != 2 {
 		return 2, fmt.Errorf("%w: need METHOD and PATH", errUsage)
@@ -83,19 +102,7 @@ func runCheck(e env, args []string) (int, error) {
 	}
 	req := check.NewRequest(spec)
 
-	target := *addr
-	if !strings.HasPrefix(target, "unix://") {
-		target = "passthrough:///" + target
-	}
-	creds := insecure.NewCredentials()
-	if *caFile != "" || *certFile != "" {
-		tc, err := clientTLS(&config.ClientTLS{CAFile: *caFile, CertFile: *certFile, KeyFile: *keyFile})
-		if err != nil {
-			return 2, err
-		}
-		creds = credentials.NewTLS(tc)
-	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
+	conn, err := dial(*addr, *caFile, *certFile, *keyFile)
 	if err != nil {
 		return 2, err
 	}
@@ -117,6 +124,24 @@ func runCheck(e env, args []string) (int, error) {
 		return 1, nil
 	}
 	return 0, nil
+}
+
+// dial connects to the sidecar at addr (host:port or unix:///path), over
+// TLS when a CA or a client certificate is given.
+func dial(addr, caFile, certFile, keyFile string) (*grpc.ClientConn, error) {
+	target := addr
+	if !strings.HasPrefix(target, "unix://") {
+		target = "passthrough:///" + target
+	}
+	creds := insecure.NewCredentials()
+	if caFile != "" || certFile != "" {
+		tc, err := clientTLS(&config.ClientTLS{CAFile: caFile, CertFile: certFile, KeyFile: keyFile})
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	return grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 }
 
 // printDecision writes the decision as Envoy would act on it and reports

@@ -11,12 +11,14 @@ import (
 	"os"
 	"os/signal"
 	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -30,6 +32,8 @@ import (
 	"github.com/extauthz/extauthz/internal/gctune"
 	"github.com/extauthz/extauthz/internal/metrics"
 	"github.com/extauthz/extauthz/internal/quota/local"
+	"github.com/extauthz/extauthz/internal/rls"
+	"github.com/extauthz/extauthz/internal/rlsconfig"
 )
 
 // ConfigEnv names the configuration file when -config is not given.
@@ -94,9 +98,16 @@ func runServe(e env, args []string) (int, error) {
 	for _, w := range cfg.Warnings {
 		log.Warn("config warning", "source", cfg.Source, "warning", w)
 	}
+	rc, err := loadRLS(cfg)
+	if err != nil {
+		return 1, err
+	}
+	for _, w := range rlsWarnings(rc) {
+		log.Warn("config warning", "source", cfg.Source, "warning", w)
+	}
 
 	log.Debug("garbage collector", "gogc", gctune.Apply())
-	s, err := newSidecar(cfg, f, log)
+	s, err := newSidecar(cfg, rc, f, log)
 	if err != nil {
 		return 1, err
 	}
@@ -125,14 +136,19 @@ type sidecar struct {
 	reg     *prometheus.Registry
 	reloads *prometheus.CounterVec // configuration reloads by result
 	checks  *check.Server
+	rls     *rls.Server
 	grpc    *grpc.Server
 	health  *health.Server
 	admin   *http.Server
 	ready   atomic.Bool
 	redis   *redisParts // nil without a redis section
+	// The configuration watch, restarted when a reload names other
+	// domain files; both used on the main loop only.
+	watchStop   func()
+	watchReload func()
 }
 
-func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, error) {
+func newSidecar(cfg *config.Config, rc *rlsconfig.Config, f serveFlags, log *slog.Logger) (*sidecar, error) {
 	reg := metrics.New(buildVersion())
 	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metrics.Namespace, Name: "config_reloads_total",
@@ -158,12 +174,20 @@ func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, e
 		limiters[config.ModeHybrid] = s.redis.hybridMode
 	}
 	metrics.Tables(reg, tables)
-	srv, err := check.New(cfg, limiters, engine.NewMetrics(reg), check.WithDecisionLog(log, f.sampleLog))
+	// One engine's metrics for every door: decisions count by policy
+	// whichever door asked, and requests by door.
+	m := engine.NewMetrics(reg)
+	srv, err := check.New(cfg, limiters, m, check.WithDecisionLog(log, f.sampleLog))
 	if err != nil {
 		s.redis.close(log)
 		return nil, err
 	}
 	s.checks = srv
+	s.rls, err = rls.New(cfg, rc, limiters, m, rls.WithLog(log), rls.WithMetrics(rls.NewMetrics(reg)))
+	if err != nil {
+		s.redis.close(log)
+		return nil, err
+	}
 	opts := check.ServerOptions()
 	if cfg.Listen.TLS != nil {
 		tc, err := serverTLS(cfg.Listen.TLS)
@@ -175,6 +199,7 @@ func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, e
 	}
 	s.grpc = grpc.NewServer(opts...)
 	authv3.RegisterAuthorizationServer(s.grpc, srv)
+	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.rls)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	if cfg.Listen.Reflection {
 		reflection.Register(s.grpc)
@@ -221,6 +246,7 @@ func (s *sidecar) run() (int, error) {
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.ready.Store(true)
 	adminAddr := ""
 	if alis != nil {
@@ -232,26 +258,21 @@ func (s *sidecar) run() (int, error) {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	reloads := make(chan struct{}, 1)
-	if cfg.Source != config.EmbeddedSource {
-		stop, err := watchConfig(cfg.Source, cfg.Digest, s.log, func() {
-			select {
-			case reloads <- struct{}{}:
-			default: // one is pending already
-			}
-		})
-		if err != nil {
-			s.log.Warn("cannot watch the configuration file; reload with SIGHUP", "config", cfg.Source, "error", err.Error())
-		} else {
-			defer stop()
+	s.watch(sourcesOf(cfg), loadedSum(cfg, s.rls.Config()), func() {
+		select {
+		case reloads <- struct{}{}:
+		default: // one is pending already
 		}
-	}
+	})
+	defer s.stopWatch()
 	redisAddrs := "none"
 	if cfg.Redis != nil {
 		redisAddrs = strings.Join(cfg.Redis.Addrs, ",")
 	}
 	s.log.Info("serving", "grpc", glis.Addr().String(), "admin", adminAddr,
 		"config", cfg.Source, "policies", len(cfg.Policies), "default_mode", string(cfg.DefaultMode),
-		"redis", redisAddrs, "client_keys", len(cfg.Clients.Keys), "max_keys", cfg.Local.MaxKeys, "version", buildVersion())
+		"redis", redisAddrs, "client_keys", len(cfg.Clients.Keys), "max_keys", cfg.Local.MaxKeys,
+		"rls_domains", rlsDomains(s.rls.Config()), "version", buildVersion())
 
 	for {
 		select {
@@ -270,8 +291,9 @@ func (s *sidecar) run() (int, error) {
 	}
 }
 
-// reload re-reads the configuration file. An invalid file keeps the running
-// configuration. Reloads run one at a time, on the main loop.
+// reload re-reads the configuration file and the rate limit service's
+// domain files. An invalid file keeps the running configuration of every
+// door. Reloads run one at a time, on the main loop.
 func (s *sidecar) reload(why string) {
 	src := s.checks.Config().Source
 	if src == config.EmbeddedSource {
@@ -280,19 +302,81 @@ func (s *sidecar) reload(why string) {
 	}
 	running := s.checks.Config()
 	cfg, err := config.Load(src)
+	var rc *rlsconfig.Config
 	if err == nil {
-		err = s.checks.Update(cfg)
+		rc, err = loadRLS(cfg)
+	}
+	var commitRLS func()
+	if err == nil {
+		commitRLS, err = s.rls.Prepare(cfg, rc)
 	}
 	if err == nil {
-		warnRestartOnly(s.log, running, cfg)
+		err = s.checks.Update(cfg)
 	}
 	if err != nil {
 		s.reloads.WithLabelValues("failure").Inc()
 		s.log.Error("reload failed; keeping the running configuration", "trigger", why, "error", err.Error())
 		return
 	}
+	commitRLS()
+	warnRestartOnly(s.log, running, cfg)
+	for _, w := range append(cfg.Warnings, rlsWarnings(rc)...) {
+		s.log.Warn("config warning", "source", cfg.Source, "warning", w)
+	}
+	if !slices.Equal(running.RLS.Domains, cfg.RLS.Domains) && s.watchReload != nil {
+		// Other domain files: watch them instead.
+		s.stopWatch()
+		s.watch(sourcesOf(cfg), loadedSum(cfg, rc), s.watchReload)
+	}
 	s.reloads.WithLabelValues("success").Inc()
-	s.log.Info("configuration reloaded", "trigger", why, "config", src, "policies", len(cfg.Policies))
+	s.log.Info("configuration reloaded", "trigger", why, "config", src, "policies", len(cfg.Policies), "rls_domains", rlsDomains(rc))
+}
+
+// watch starts watching src for changes from digest, calling reload on
+// one. A watch that cannot start is logged: SIGHUP still reloads.
+func (s *sidecar) watch(src sources, digest [32]byte, reload func()) {
+	if src.main == config.EmbeddedSource {
+		return
+	}
+	s.watchReload = reload
+	stop, err := watchConfig(src, digest, s.log, reload)
+	if err != nil {
+		s.log.Warn("cannot watch the configuration files; reload with SIGHUP", "config", src.main, "error", err.Error())
+		return
+	}
+	s.watchStop = stop
+}
+
+// stopWatch stops the running watch, if any.
+func (s *sidecar) stopWatch() {
+	if s.watchStop != nil {
+		s.watchStop()
+		s.watchStop = nil
+	}
+}
+
+// rlsWarnings and rlsDomains read a descriptor configuration that may be
+// nil (no domain files).
+func rlsWarnings(rc *rlsconfig.Config) []string {
+	if rc == nil {
+		return nil
+	}
+	return rc.Warnings
+}
+
+func rlsDomains(rc *rlsconfig.Config) int {
+	if rc == nil {
+		return 0
+	}
+	return len(rc.Domains)
+}
+
+// loadRLS reads the domain files cfg names (nil when it names none).
+func loadRLS(cfg *config.Config) (*rlsconfig.Config, error) {
+	if len(cfg.RLS.Domains) == 0 {
+		return nil, nil
+	}
+	return rlsconfig.Load(cfg.RLS.Domains, rlsconfig.OptionsFor(cfg))
 }
 
 // warnRestartOnly logs the settings a reload cannot change.

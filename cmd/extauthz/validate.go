@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/rlsconfig"
 )
 
 func init() {
@@ -29,6 +30,10 @@ func runValidate(e env, args []string) (int, error) {
 		return 2, fmt.Errorf("%w: -config is required", errUsage)
 	}
 	cfg, err := config.Load(*path)
+	var rc *rlsconfig.Config
+	if err == nil {
+		rc, err = loadRLS(cfg)
+	}
 	if err != nil {
 		fmt.Fprintln(e.stderr, err)
 		return 1, nil
@@ -36,9 +41,84 @@ func runValidate(e env, args []string) (int, error) {
 	for _, w := range cfg.Warnings {
 		fmt.Fprintf(e.stderr, "%s: warning: %s\n", cfg.Source, w)
 	}
+	for _, w := range rlsWarnings(rc) {
+		fmt.Fprintf(e.stderr, "warning: %s\n", w)
+	}
 	fmt.Fprintf(e.stdout, "%s: ok\n", cfg.Source)
+	for _, f := range rlsFiles(rc) {
+		fmt.Fprintf(e.stdout, "%s: ok\n", f)
+	}
 	printSummary(e.stdout, cfg)
+	printRLSSummary(e.stdout, rc)
 	return 0, nil
+}
+
+func rlsFiles(rc *rlsconfig.Config) []string {
+	if rc == nil {
+		return nil
+	}
+	return rc.Files
+}
+
+// printRLSSummary writes a table of the rate limit service's descriptors
+// that carry a rate limit, domain by domain.
+func printRLSSummary(w io.Writer, rc *rlsconfig.Config) {
+	if rc == nil {
+		return
+	}
+	names := make([]string, 0, len(rc.Domains))
+	for n := range rc.Domains {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fmt.Fprintf(w, "\nrate limit service (envoy.service.ratelimit.v3): %d domains\n", len(names))
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DOMAIN\tDESCRIPTOR\tLIMIT\tALGORITHM\tMODE\tFLAGS")
+	for _, n := range names {
+		var walk func(prefix string, ds []*rlsconfig.Descriptor)
+		walk = func(prefix string, ds []*rlsconfig.Descriptor) {
+			for _, d := range ds {
+				entry := d.Key
+				if d.Value != "" {
+					entry += "=" + d.Value
+				}
+				entry = prefix + entry
+				if l := d.Limit; l != nil {
+					limit, alg, mode := "unlimited", "-", "-"
+					if !l.Unlimited {
+						limit, alg, mode = fmt.Sprintf("%d/%s", l.RequestsPerUnit, l.Unit), string(l.Algorithm), string(l.Mode)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n, entry, limit, alg, mode, rlsFlags(d))
+				}
+				walk(entry+", ", d.Descriptors)
+			}
+		}
+		walk("", rc.Domains[n].Descriptors)
+	}
+	tw.Flush()
+}
+
+func rlsFlags(d *rlsconfig.Descriptor) string {
+	var f []string
+	if l := d.Limit; l.Name != "" {
+		f = append(f, "name="+l.Name)
+	}
+	if len(d.Limit.Replaces) > 0 {
+		f = append(f, "replaces="+strings.Join(d.Limit.Replaces, ","))
+	}
+	if d.Shadow {
+		f = append(f, "shadow")
+	}
+	if d.ShareThreshold {
+		f = append(f, "shared")
+	}
+	if !d.Limit.Unlimited && d.Limit.Mode != config.ModeLocal {
+		f = append(f, "on_redis_error="+string(d.Limit.OnRedisError))
+	}
+	if len(f) == 0 {
+		return "-"
+	}
+	return strings.Join(f, " ")
 }
 
 // printSummary writes the listeners and a table of policies.
@@ -50,7 +130,7 @@ func printSummary(w io.Writer, cfg *config.Config) {
 	fmt.Fprintf(w, "grpc %s, admin %s, redis %s, %d client keys, local cache %d keys\n",
 		cfg.Listen.GRPC, orNone(cfg.Listen.Admin), store, len(cfg.Clients.Keys), cfg.Local.MaxKeys)
 	if len(cfg.Policies) == 0 {
-		fmt.Fprintln(w, "no policies: every request is allowed")
+		fmt.Fprintln(w, "no policies: every Check is allowed")
 		return
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)

@@ -8,28 +8,99 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/rlsconfig"
 )
 
-// watchConfig calls reload when the content of the file at path differs
-// from parsed, the digest of the bytes the running configuration came from.
+// sources are the files a running configuration was read from: the main
+// file, and the files and directories its rls.domains names.
+type sources struct {
+	main string
+	rls  []string
+}
+
+// sourcesOf returns the sources of cfg.
+func sourcesOf(cfg *config.Config) sources {
+	return sources{main: cfg.Source, rls: cfg.RLS.Domains}
+}
+
+// loadedSum is the digest of what the configuration was parsed from: the
+// main file's bytes and the domain files' (rc nil: none).
+func loadedSum(cfg *config.Config, rc *rlsconfig.Config) [32]byte {
+	var rlsSum [32]byte
+	if rc != nil {
+		rlsSum = rc.Digest
+	}
+	return combine(cfg.Digest, rlsSum)
+}
+
+func combine(main, rls [32]byte) [32]byte {
+	return sha256.Sum256(append(main[:], rls[:]...))
+}
+
+// sum is the digest of what the sources hold now, as loadedSum computes
+// it; ok is false while one cannot be read (mid-swap).
+func (s sources) sum() (sum [32]byte, ok bool) {
+	data, err := os.ReadFile(s.main)
+	if err != nil {
+		return sum, false
+	}
+	var rlsSum [32]byte
+	if len(s.rls) > 0 {
+		if rlsSum, ok = rlsconfig.Sum(s.rls); !ok {
+			return sum, false
+		}
+	}
+	return combine(sha256.Sum256(data), rlsSum), true
+}
+
+// dirs are the directories to watch: each file's, and each directory
+// named.
+func (s sources) dirs() []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(d string) {
+		if !seen[d] {
+			seen[d] = true
+			out = append(out, d)
+		}
+	}
+	add(filepath.Dir(s.main))
+	for _, p := range s.rls {
+		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+			add(p)
+		} else {
+			add(filepath.Dir(p))
+		}
+	}
+	return out
+}
+
+// watchConfig calls reload when what the sources hold differs from
+// parsed, the digest of what the running configuration came from (see
+// loadedSum).
 //
-// It watches the file's directory, not the file: editors replace files by
-// rename, and a Kubernetes ConfigMap volume swaps a `..data` symlink to a
-// new directory, neither of which a watch on the old file sees. Any event
-// in the directory triggers a re-read (after a short settle time, as a swap
-// is several events); reload runs only when the bytes differ from the last
-// ones seen. The file is also compared once as soon as the watch is in
+// It watches directories, not files: editors replace files by rename, and
+// a Kubernetes ConfigMap volume swaps a `..data` symlink to a new
+// directory, neither of which a watch on the old file sees; and a new
+// domain file in a directory counts too. Any event in the directories
+// triggers a re-read (after a short settle time, as a swap is several
+// events); reload runs only when the digest differs from the last one
+// seen. The sources are also compared once as soon as the watch is in
 // place, so an edit made between loading and watching is not lost. The
 // returned function stops the watcher.
-func watchConfig(path string, parsed [32]byte, log *slog.Logger, reload func()) (stop func(), err error) {
+func watchConfig(src sources, parsed [32]byte, log *slog.Logger, reload func()) (stop func(), err error) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Dir(path)
-	if err := w.Add(dir); err != nil {
-		w.Close()
-		return nil, err
+	dirs := src.dirs()
+	for _, dir := range dirs {
+		if err := w.Add(dir); err != nil {
+			w.Close()
+			return nil, err
+		}
 	}
 	last := parsed
 	done := make(chan struct{})
@@ -47,10 +118,10 @@ func watchConfig(path string, parsed [32]byte, log *slog.Logger, reload func()) 
 				if !ok {
 					return
 				}
-				log.Warn("config watch error", "dir", dir, "error", err.Error())
+				log.Warn("config watch error", "dirs", dirs, "error", err.Error())
 			case <-settle:
 				settle = nil
-				if sum, ok := fileSum(path); ok && sum != last {
+				if sum, ok := src.sum(); ok && sum != last {
 					last = sum
 					reload()
 				}
@@ -58,14 +129,4 @@ func watchConfig(path string, parsed [32]byte, log *slog.Logger, reload func()) 
 		}
 	}()
 	return func() { w.Close(); <-done }, nil
-}
-
-// fileSum is the SHA-256 of the file's content, following symlinks; ok is
-// false while it cannot be read (mid-swap).
-func fileSum(path string) (sum [32]byte, ok bool) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return sum, false
-	}
-	return sha256.Sum256(data), true
 }

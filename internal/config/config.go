@@ -79,6 +79,7 @@ type Config struct {
 	Clients       Clients
 	Plans         map[string]Plan
 	Policies      []Policy
+	RLS           RLS
 	// Warnings are accepted but inadvisable settings, such as plaintext keys.
 	Warnings []string
 }
@@ -123,6 +124,19 @@ type Redis struct {
 type Local struct {
 	MaxKeys   int
 	SliceIdle time.Duration // hybrid: unspent tokens go back to Redis after this
+}
+
+// RLS configures Envoy's rate limit service (envoy.service.ratelimit.v3),
+// served beside Check on the gRPC listener.
+type RLS struct {
+	// Domains are the files and directories holding envoyproxy/ratelimit
+	// descriptor configurations (internal/rlsconfig reads them), resolved
+	// against the directory of the configuration file; a directory
+	// contributes its *.yaml and *.yml files.
+	Domains []string
+	// ResponseHeaders sends RateLimit-Policy and RateLimit (and, with
+	// headers.legacy, X-RateLimit-*) in every answer.
+	ResponseHeaders bool
 }
 
 // Headers holds response header options.

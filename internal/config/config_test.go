@@ -183,3 +183,19 @@ func TestAliasExpansionIsBounded(t *testing.T) {
 		t.Fatalf("%d error lines; at most %d are kept", n, maxErrors+1)
 	}
 }
+
+// rls.domains are read relative to the configuration file; answers carry
+// the RateLimit headers unless told otherwise.
+func TestRLSSection(t *testing.T) {
+	c, err := Parse([]byte("rls: {domains: [ratelimit, /etc/rl/a.yaml]}\n"), "conf/extauthz.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{filepath.Join("conf", "ratelimit"), "/etc/rl/a.yaml"}; strings.Join(c.RLS.Domains, " ") != strings.Join(want, " ") || !c.RLS.ResponseHeaders {
+		t.Fatalf("rls = %+v", c.RLS)
+	}
+	c, err = Parse([]byte("rls: {response_headers: false}\n"), "x.yaml")
+	if err != nil || c.RLS.ResponseHeaders || len(c.RLS.Domains) != 0 {
+		t.Fatalf("rls = %+v, %v", c.RLS, err)
+	}
+}

@@ -103,6 +103,7 @@ policies:
   - {name: sw, limit: 10, window: 1s, algorithm: sliding_window, on_redis_error: deny}
   - {name: fw, limit: 10, window: 1s, algorithm: fixed_window, mode: local}
   - {name: sl, limit: 10, window: 1s, algorithm: sliding_log, shadow: true}
+rls: {domains: [ratelimit/, /etc/ratelimit/edge.yaml], response_headers: false}
 `
 
 // A Config renders back to itself: checked on the complete example and on
@@ -213,6 +214,7 @@ func render(t *testing.T, c *Config) []byte {
 		policies = append(policies, m)
 	}
 	doc["policies"] = policies
+	doc["rls"] = map[string]any{"domains": orEmpty(c.RLS.Domains), "response_headers": c.RLS.ResponseHeaders}
 	out, err := yaml.Marshal(doc)
 	if err != nil {
 		t.Fatalf("render: %v", err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 
 	"go.yaml.in/yaml/v3"
@@ -25,6 +26,7 @@ type rawConfig struct {
 	Clients       rawClients         `yaml:"clients"`
 	Plans         map[string]rawPlan `yaml:"plans"`
 	Policies      []rawPolicy        `yaml:"policies"`
+	RLS           rawRLS             `yaml:"rls"`
 }
 
 type rawListen struct {
@@ -78,6 +80,11 @@ func (t *rawClientTLS) decodeNode(n *yaml.Node, path string, errs *Errors) {
 type rawLocal struct {
 	MaxKeys   int    `yaml:"max_keys"`
 	SliceIdle string `yaml:"slice_idle"`
+}
+
+type rawRLS struct {
+	Domains         []string `yaml:"domains"`
+	ResponseHeaders *bool    `yaml:"response_headers"`
 }
 
 type rawHeaders struct {
@@ -174,8 +181,25 @@ func Parse(data []byte, name string) (*Config, error) {
 		return nil, err
 	}
 	c.Source = name
+	c.RLS.Domains = resolvePaths(c.RLS.Domains, name)
 	c.Digest = sha256.Sum256(data)
 	return c, nil
+}
+
+// resolvePaths makes relative paths relative to the directory of the
+// configuration file named name.
+func resolvePaths(paths []string, name string) []string {
+	if len(paths) == 0 {
+		return nil
+	}
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		if !filepath.IsAbs(p) && name != EmbeddedSource {
+			p = filepath.Join(filepath.Dir(name), p)
+		}
+		out[i] = p
+	}
+	return out
 }
 
 func yamlSyntax(err error) string {

@@ -120,6 +120,8 @@ func validate(r *rawConfig, errs *Errors) *Config {
 	}
 	c.Clients = validateClients(&r.Clients, c.Plans, errs, &c.Warnings)
 
+	c.RLS = validateRLS(&r.RLS, errs)
+
 	names := map[string]int{}
 	for i := range r.Policies {
 		path := fmt.Sprintf("policies[%d]", i)

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -76,6 +75,12 @@ func (v *Verdict) Takes() []Taken {
 	return v.buf[:v.n]
 }
 
+// VerdictOf is a Verdict over takes a door decided itself (with TakeAll),
+// for the Verdict's renderings (Tightest, Denials).
+func VerdictOf(o Outcome, takes []Taken) Verdict {
+	return Verdict{Outcome: o, more: takes[:len(takes):len(takes)]}
+}
+
 // add appends a policy's decision.
 func (v *Verdict) add(t Taken) {
 	switch {
@@ -133,58 +138,11 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 		v.add(Taken{Policy: p, Key: key, Limit: p.limitFor(caller), Units: 1})
 	}
 
-	// 3. Ask every policy for one unit.
-	denied := false
-	takes := v.Takes()
-	for i := range takes {
-		t := &takes[i]
-		d, err := t.Policy.limiter.Take(ctx, t.Key, t.Limit.Limit, t.Units, now)
-		if err != nil {
-			e.refund(ctx, takes[:i], now)
-			v.Outcome = Failed
-			return fmt.Errorf("policy %s: %w", t.Policy.Name, err)
-		}
-		t.Decision, t.OK = d, d.Allowed
-		if d.Degraded != quota.NotDegraded {
-			t.Policy.degraded[d.Degraded].Inc()
-		}
-		switch {
-		case d.Allowed:
-			t.Policy.allowed.Inc()
-		case t.Policy.Shadow:
-			t.Policy.shadowDenied.Inc()
-		default:
-			t.Policy.denied.Inc()
-			denied = true
-		}
-	}
-
-	// 4. A request denied by one policy consumes nothing from the others.
-	if denied {
-		e.refund(ctx, takes, now)
-		v.Outcome = OverLimit
-		if unavailable(takes) {
-			v.Outcome = Unavailable
-		}
-		return nil
-	}
-	if err := e.holdAllowed(ctx, takes, now); err != nil {
-		v.Outcome = Canceled
-		return err
-	}
-	v.Outcome = OK
-	return nil
-}
-
-// refund gives back the units that allowed policies took.
-func (e *Engine) refund(ctx context.Context, takes []Taken, now time.Time) {
-	for i := range takes {
-		t := &takes[i]
-		if t.OK {
-			_ = t.Policy.limiter.Refund(ctx, t.Key, t.Limit.Limit, t.Units, now)
-			t.Policy.refunded.Inc()
-		}
-	}
+	// 3. Ask every policy for one unit, all or nothing, and hold an
+	// allowed request for its leaky-bucket slot.
+	var err error
+	v.Outcome, err = TakeAll(ctx, v.Takes(), now, e.hold)
+	return err
 }
 
 // identify returns the client holding the presented API key, the header it

@@ -134,7 +134,16 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 
 // newLimit compiles one limit of policy p and numbers it.
 func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst int64) Limit {
-	l := Limit{
+	l := compileLimit(p, n, window, burst)
+	l.Index = e.limits
+	e.limits++
+	return l
+}
+
+// compileLimit translates one limit of policy p into quota terms and
+// renders its RateLimit-Policy header.
+func compileLimit(p config.Policy, n int64, window time.Duration, burst int64) Limit {
+	return Limit{
 		Limit: quota.Limit{
 			Algorithm: algorithms[p.Algorithm],
 			Limit:     n,
@@ -145,10 +154,7 @@ func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst 
 			MaxDelay:  p.MaxDelay,
 		},
 		Header: policyHeader(p.Name, n, window),
-		Index:  e.limits,
 	}
-	e.limits++
-	return l
 }
 
 // The configuration's names for the quota values, translated at compile

@@ -26,7 +26,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // never delay traffic. If the caller gives up first (the proxy's timeout,
 // the client leaving), the request never goes on: its units are refunded
 // and the context's error is returned.
-func (e *Engine) holdAllowed(ctx context.Context, takes []Taken, now time.Time) error {
+func holdAllowed(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) error {
 	var d time.Duration
 	for i := range takes {
 		if t := &takes[i]; !t.Policy.Shadow {
@@ -36,12 +36,12 @@ func (e *Engine) holdAllowed(ctx context.Context, takes []Taken, now time.Time) 
 	if d <= 0 {
 		return nil
 	}
-	err := e.hold(ctx, d)
+	err := hold(ctx, d)
 	if err == nil {
 		return nil
 	}
 	// ctx is done: refund on a context that is not, so the refunds reach
 	// Redis (each call keeps the store's own timeout).
-	e.refund(context.WithoutCancel(ctx), takes, now)
+	refund(context.WithoutCancel(ctx), takes, now)
 	return err
 }

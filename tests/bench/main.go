@@ -2,8 +2,10 @@
 // latency over gRPC for a no-op Check server (the ceiling) and for
 // extauthz in local, hybrid and redis modes against a real local Redis, all
 // driven by the same load generator at the same concurrency; then Redis
-// calls per 1,000 hybrid decisions and memory per tracked key; then, over
-// three replicas per mode, 10,000 uniform and 100,000 Zipf(1.1) keys.
+// calls per 1,000 hybrid decisions and memory per tracked key; then
+// Envoy's rate limit service protocol (rls.go) against its own no-op
+// ceiling, in hybrid mode and with Redis down; then, over three replicas
+// per mode, 10,000 uniform and 100,000 Zipf(1.1) keys.
 //
 //	go run ./tests/bench            # what `make bench` runs
 //	go run ./tests/bench -n 100000 -c 64 -rounds 5
@@ -171,6 +173,10 @@ func run(n, c, rounds, keys int, dists bool) error {
 	if err != nil {
 		return fmt.Errorf("memory: %w", err)
 	}
+	printRLS, rlsChecks, err := measureRLS(dir, bin, targets[0].p.Addr, rds.Addr, n, c, rounds)
+	if err != nil {
+		return fmt.Errorf("rate limit service: %w", err)
+	}
 
 	fmt.Printf("extauthz benchmark: %s, %d CPUs, %s; %d requests per target per round, %d workers, %d interleaved rounds (median shown); every sidecar at the default configuration\n\n",
 		time.Now().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), n, c, rounds)
@@ -200,6 +206,8 @@ func run(n, c, rounds, keys int, dists bool) error {
 		{"hybrid ≥ redis on one busy key", h.Throughput >= rm.Throughput},
 		{fmt.Sprintf("hybrid ≤ 1 Redis call per 1,000 decisions on a busy key (%.2f)", perThousand), perThousand <= 1},
 	}
+	checks = append(checks, rlsChecks...)
+	printRLS()
 	if dists {
 		more, err := runDistributions(dir, bin, self, rds, rdb, n/2, c, rounds)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 
@@ -33,6 +34,19 @@ func (noop) Check(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse,
 	return okResponse, nil
 }
 
+// noopRLS is the ceiling of the rate limit service rows: it answers OK to
+// every ShouldRateLimit without looking at it (no statuses, no headers),
+// in the same process and with the same settings as noop.
+type noopRLS struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+}
+
+var rlsOK = &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+
+func (noopRLS) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return rlsOK, nil
+}
+
 // serveNoop runs the no-op server on 127.0.0.1 with a kernel-chosen port and
 // logs "serving" like the sidecar, until SIGTERM.
 func serveNoop() {
@@ -44,6 +58,7 @@ func serveNoop() {
 	gctune.Apply() // the sidecar's runtime settings, as its transport's
 	s := grpc.NewServer(check.ServerOptions()...)
 	authv3.RegisterAuthorizationServer(s, noop{})
+	rlsv3.RegisterRateLimitServiceServer(s, noopRLS{})
 	slog.New(slog.NewJSONHandler(os.Stderr, nil)).Info("serving", "grpc", lis.Addr().String(), "admin", "")
 	go func() {
 		sig := make(chan os.Signal, 1)

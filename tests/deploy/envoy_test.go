@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -201,7 +200,7 @@ func checkBootstrap(p *problems, name string, raw []byte, b *bootstrapv3.Bootstr
 		return
 	}
 	for _, h := range managers {
-		checkHCM(p, name, b, h, sc, explicit)
+		checkHCM(p, name, raw, b, h, sc, explicit)
 	}
 }
 
@@ -209,37 +208,10 @@ func checkBootstrap(p *problems, name string, raw []byte, b *bootstrapv3.Bootstr
 // whether it states failure_mode_allow. proto3 cannot tell false from
 // absent, and this choice must be made on purpose.
 func explicitFailureMode(raw []byte) ([]bool, error) {
-	js, err := strictJSON(raw)
-	if err != nil {
-		return nil, err
-	}
-	var doc any
-	if err := json.Unmarshal(js, &doc); err != nil {
-		return nil, err
-	}
-	var out []bool
-	var walk func(v any)
-	walk = func(v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			if v["@type"] == "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz" {
-				_, ok := v["failure_mode_allow"]
-				out = append(out, ok)
-			}
-			for _, x := range v {
-				walk(x)
-			}
-		case []any:
-			for _, x := range v {
-				walk(x)
-			}
-		}
-	}
-	walk(doc)
-	return out, nil
+	return explicitField(raw, "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz", "failure_mode_allow")
 }
 
-func checkHCM(p *problems, name string, b *bootstrapv3.Bootstrap, h *hcmv3.HttpConnectionManager, sc *sidecarConfig, explicit []bool) {
+func checkHCM(p *problems, name string, raw []byte, b *bootstrapv3.Bootstrap, h *hcmv3.HttpConnectionManager, sc *sidecarConfig, explicit []bool) {
 	filters := h.GetHttpFilters()
 	if len(filters) == 0 {
 		p.add("%s: http_connection_manager has no http_filters", name)
@@ -247,6 +219,17 @@ func checkHCM(p *problems, name string, b *bootstrapv3.Bootstrap, h *hcmv3.HttpC
 	}
 	if _, ok := unpack[*routerv3.Router](filters[len(filters)-1].GetTypedConfig()); !ok {
 		p.add("%s: the last http filter is %s, want the router", name, filters[len(filters)-1].GetName())
+	}
+	if rl, _ := rateLimitFilterOf(filters); rl != nil {
+		// Global rate limiting: the ratelimit filter calls extauthz's
+		// rate limit service, and ext_authz is not in the chain.
+		for _, f := range filters {
+			if _, ok := unpack[*extauthzv3.ExtAuthz](f.GetTypedConfig()); ok {
+				p.add("%s: both ext_authz and the ratelimit filter call extauthz: one door per bootstrap keeps its checks meaningful", name)
+			}
+		}
+		checkRateLimitBootstrap(p, name, raw, b, h, rl, sc)
+		return
 	}
 	var ea *extauthzv3.ExtAuthz
 	var jwt *jwtauthnv3.JwtAuthentication
@@ -439,15 +422,19 @@ func routePath(r *routev3.Route) string {
 func TestEnvoyBootstraps(t *testing.T) {
 	files := globYAML(t, "envoy")
 	configs := map[string]bool{}
+	descriptors := map[string][]byte{} // ratelimit*.yaml, by name: what rls.domains names
 	for _, f := range files {
 		base := filepath.Base(f)
 		switch {
 		case strings.HasPrefix(base, "extauthz"):
 			configs[f] = false
+		case strings.HasPrefix(base, "ratelimit"):
+			descriptors[base] = readFile(t, f)
 		case !strings.HasPrefix(base, "envoy"):
-			t.Errorf("%s: envoy/ holds envoy*.yaml bootstraps and extauthz*.yaml configs only", rel(t, f))
+			t.Errorf("%s: envoy/ holds envoy*.yaml bootstraps, extauthz*.yaml configs and ratelimit*.yaml descriptor files only", rel(t, f))
 		}
 	}
+	named := map[string]bool{}
 	for _, f := range files {
 		base := filepath.Base(f)
 		if !strings.HasPrefix(base, "envoy") {
@@ -468,6 +455,12 @@ func TestEnvoyBootstraps(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", rel(t, pair), err)
 			}
+			if err := sc.loadDomains(descriptors); err != nil {
+				t.Fatalf("%s: %v", rel(t, pair), err)
+			}
+			for _, d := range sc.RLS.Domains {
+				named[d] = true
+			}
 			var p problems
 			checkBootstrap(&p, rel(t, f), raw, b, sc)
 			p.report(t)
@@ -478,8 +471,13 @@ func TestEnvoyBootstraps(t *testing.T) {
 			if !paired {
 				t.Errorf("%s has no envoy bootstrap paired with it", rel(t, f))
 			}
-			validateSidecarConfig(t, rel(t, f), readFile(t, f))
+			validateSidecarConfig(t, rel(t, f), readFile(t, f), descriptors)
 		})
+	}
+	for d := range descriptors {
+		if !named[d] {
+			t.Errorf("envoy/%s: a descriptor file no extauthz config names in rls.domains", d)
+		}
 	}
 }
 

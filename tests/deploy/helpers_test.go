@@ -149,18 +149,20 @@ func buildExtauthz() (string, error) {
 }
 
 // validateSidecarConfig runs `extauthz validate` on a configuration and
-// fails t if it is invalid.
-func validateSidecarConfig(t testing.TB, name string, data []byte) {
+// fails t if it is invalid. siblings are the files beside it (by name):
+// the descriptor files its rls.domains names.
+func validateSidecarConfig(t testing.TB, name string, data []byte, siblings map[string][]byte) {
 	t.Helper()
-	if err := extauthzValidate(name, data); err != nil {
+	if err := extauthzValidate(name, data, siblings); err != nil {
 		t.Error(err)
 	}
 }
 
-// extauthzValidate runs `extauthz validate` on a configuration. name is
-// where it came from, for messages. A warning (a plaintext key, say) is an
-// error too: shipped configs must be clean.
-func extauthzValidate(name string, data []byte) error {
+// extauthzValidate runs `extauthz validate` on a configuration, with the
+// files siblings beside it (by name; its rls.domains are read relative to
+// it). name is where it came from, for messages. A warning (a plaintext
+// key, say) is an error too: shipped configs must be clean.
+func extauthzValidate(name string, data []byte, siblings map[string][]byte) error {
 	bin, err := buildExtauthz()
 	if err != nil {
 		return err
@@ -170,7 +172,12 @@ func extauthzValidate(name string, data []byte) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	file := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_", " ", "_").Replace(name))
+	for n, content := range siblings {
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(n)), content, 0o600); err != nil {
+			return err
+		}
+	}
+	file := filepath.Join(dir, "extauthz-validated-"+strings.NewReplacer("/", "_", ":", "_", " ", "_").Replace(name))
 	if err := os.WriteFile(file, data, 0o600); err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networkingistio "istio.io/api/networking/v1"
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 	securityistio "istio.io/api/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -122,6 +123,8 @@ func checkIstio(p *problems, s *set, mesh *meshInfo) {
 			if len(spec.GetExportTo()) != 1 || spec.GetExportTo()[0] != "." {
 				p.add("%s: exportTo [\".\"]: the name is for this namespace's proxies only", o)
 			}
+		case *networkingv1alpha3.EnvoyFilter:
+			checkEnvoyFilter(p, s, o, spec)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	networkingistio "istio.io/api/networking/v1"
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 	securityistio "istio.io/api/security/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -37,6 +38,8 @@ var applySets = map[string][]string{
 	"sidecar":        {"k8s/redis", "k8s/sidecar", "scripts/kind/nodeport.yaml"},
 	"istio-same-pod": {"k8s/redis", "k8s/istio/same-pod"},
 	"istio-shared":   {"k8s/redis", "k8s/istio/shared"},
+	// The shared extauthz as Istio's global rate limit service.
+	"istio-ratelimit": {"k8s/redis", "k8s/istio/shared", "k8s/istio/ratelimit"},
 }
 
 // Istio CRDs and the istio.io/api message their spec decodes into.
@@ -45,6 +48,7 @@ var istioKinds = map[string]func() proto.Message{
 	"security.istio.io/v1/PeerAuthentication":    func() proto.Message { return &securityistio.PeerAuthentication{} },
 	"networking.istio.io/v1/ServiceEntry":        func() proto.Message { return &networkingistio.ServiceEntry{} },
 	"security.istio.io/v1/RequestAuthentication": func() proto.Message { return &securityistio.RequestAuthentication{} },
+	"networking.istio.io/v1alpha3/EnvoyFilter":   func() proto.Message { return &networkingv1alpha3.EnvoyFilter{} },
 }
 
 // object is one decoded manifest document.
@@ -224,6 +228,10 @@ type set struct {
 	name string
 	objs []*object
 	pods []*podInfo // filled by checkDeployment
+	// The domain of the ratelimit filter an EnvoyFilter adds, and the
+	// EnvoyFilters' rate_limits waiting to be checked against it.
+	rlDomain  *rlDomain
+	rlPending []pendingRateLimits
 }
 
 // buildSet gathers apply set name's objects; a kind and name defined twice
@@ -267,6 +275,7 @@ func checkSet(p *problems, s *set, mesh *meshInfo) {
 		}
 	}
 	checkIstio(p, s, mesh)
+	checkPendingRateLimits(p, s)
 	checkIsolation(p, s)
 }
 
@@ -462,19 +471,37 @@ func TestConfigMapConfigs(t *testing.T) {
 		if !ok {
 			continue
 		}
+		siblings := map[string][]byte{}
+		for key, text := range cm.Data {
+			siblings[key] = []byte(text)
+		}
+		named := map[string]bool{} // descriptor files an extauthz config names
 		for key, text := range cm.Data {
 			where := fmt.Sprintf("%s (ConfigMap %s key %s)", o.file, cm.Name, key)
 			switch {
 			case strings.HasPrefix(key, "extauthz") && strings.HasSuffix(key, ".yaml"):
 				n++
-				validateSidecarConfig(t, where, []byte(text))
+				validateSidecarConfig(t, where, []byte(text), siblings)
+				if sc, err := parseSidecarConfig([]byte(text)); err == nil {
+					for _, d := range sc.RLS.Domains {
+						named[d] = true
+					}
+				}
 			case strings.HasPrefix(key, "envoy") && strings.HasSuffix(key, ".yaml"):
 				n++
 				if _, err := loadBootstrap([]byte(text)); err != nil {
 					t.Errorf("%s: %v", where, err)
 				}
+			case strings.HasPrefix(key, "ratelimit") && strings.HasSuffix(key, ".yaml"):
+				// A descriptor file: checked by `extauthz validate` with
+				// the config that names it.
 			default:
-				t.Errorf("%s: a key these tests do not know how to check; name it extauthz*.yaml or envoy*.yaml", where)
+				t.Errorf("%s: a key these tests do not know how to check; name it extauthz*.yaml, envoy*.yaml or ratelimit*.yaml (a descriptor file)", where)
+			}
+		}
+		for key := range cm.Data {
+			if strings.HasPrefix(key, "ratelimit") && !named[key] {
+				t.Errorf("%s (ConfigMap %s key %s): a descriptor file no extauthz config in the ConfigMap names in rls.domains", o.file, cm.Name, key)
 			}
 		}
 	}

@@ -22,6 +22,7 @@ func TestEnvoyChecksCatchMistakes(t *testing.T) {
 	type files struct{ envoy, sidecar string }
 	plain := files{"envoy/envoy.yaml", "envoy/extauthz.yaml"}
 	jwt := files{"envoy/envoy-jwt.yaml", "envoy/extauthz-jwt.yaml"}
+	rls := files{"envoy/envoy-ratelimit.yaml", "envoy/extauthz-ratelimit.yaml"}
 	for _, tc := range []struct {
 		name       string
 		files      files
@@ -66,6 +67,23 @@ func TestEnvoyChecksCatchMistakes(t *testing.T) {
 			want: "does not set clients.bearer: false"},
 		{name: "no payload in metadata", files: jwt, old: "payload_in_metadata: jwt_payload", new: "",
 			want: "has no payload_in_metadata"},
+		{name: "rate limit domain", files: rls, old: "domain: edge", new: "domain: egde",
+			want: `ratelimit filter domain "egde" is defined by no descriptor file`},
+		{name: "rate limit descriptor key", files: rls, old: "descriptor_key: user", new: "descriptor_key: users",
+			want: "which no rate limit of domain edge describes"},
+		{name: "rate limit descriptor value", files: rls, old: "generic_key: {descriptor_value: api}", new: "generic_key: {descriptor_value: apis}",
+			want: "sends descriptor [{generic_key apis} {user }]"},
+		{name: "rate limit failure mode", files: rls, old: "failure_mode_deny: false", new: "",
+			want: "state failure_mode_deny explicitly"},
+		{name: "rate limit timeout", files: rls, old: "timeout: 0.2s", new: "",
+			want: "ratelimit filter timeout is 0s"},
+		{name: "rate limit cluster port", files: rls, old: "port_value: 9001", new: "port_value: 9002",
+			want: "sends Checks to 127.0.0.1:9002"},
+		{name: "rate limited health checks", files: rls, old: "match: {path: /healthz}\n                          route: {cluster: app}",
+			new:  "match: {path: /healthz}\n                          route: {cluster: app, rate_limits: [{actions: [{remote_address: {}}]}]}",
+			want: `health-check route "health" has rate_limits`},
+		{name: "rate limit sidecar without the domain", files: rls, inSidecar: true, old: "domains: [ratelimit-edge.yaml]", new: "domains: []",
+			want: `ratelimit filter domain "edge" is defined by no descriptor file`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			envoyText := readFile(t, repoPath(t, tc.files.envoy))
@@ -87,6 +105,9 @@ func TestEnvoyChecksCatchMistakes(t *testing.T) {
 			}
 			sc, err := parseSidecarConfig(sidecarText)
 			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sc.loadDomains(map[string][]byte{"ratelimit-edge.yaml": readFile(t, repoPath(t, "envoy/ratelimit-edge.yaml"))}); err != nil {
 				t.Fatal(err)
 			}
 			var p problems
@@ -150,6 +171,24 @@ func TestManifestChecksCatchMistakes(t *testing.T) {
 			"targetPort: grpc, appProtocol: grpc", "targetPort: admin, appProtocol: grpc", "does not reach extauthz's listen.grpc"},
 		{"shared extauthz open", "istio-shared", "k8s/istio/shared/security.yaml",
 			"action: ALLOW", "action: AUDIT", "a shared extauthz needs a NetworkPolicy or an Istio ALLOW AuthorizationPolicy"},
+		{"EnvoyFilter domain", "istio-ratelimit", "k8s/istio/ratelimit/envoyfilter.yaml",
+			"domain: mesh", "domain: mseh", `ratelimit filter domain "mseh" is defined by no descriptor file`},
+		{"EnvoyFilter service", "istio-ratelimit", "k8s/istio/ratelimit/envoyfilter.yaml",
+			"cluster_name: outbound|9001||extauthz.extauthz.svc.cluster.local", "cluster_name: outbound|9001||ratelimit.extauthz.svc.cluster.local",
+			"apply set istio-ratelimit has no Service ratelimit in namespace extauthz"},
+		{"EnvoyFilter port", "istio-ratelimit", "k8s/istio/ratelimit/envoyfilter.yaml",
+			"cluster_name: outbound|9001||", "cluster_name: outbound|8081||", "Service extauthz has no port 8081"},
+		{"EnvoyFilter descriptor key", "istio-ratelimit", "k8s/istio/ratelimit/envoyfilter.yaml",
+			"descriptor_key: user}", "descriptor_key: uid}", "which no rate limit of domain mesh describes"},
+		{"EnvoyFilter selector", "istio-ratelimit", "k8s/istio/ratelimit/envoyfilter.yaml",
+			"app.kubernetes.io/name: demo-api-shared\n  configPatches:\n    - applyTo: HTTP_FILTER", "app.kubernetes.io/name: demo-api\n  configPatches:\n    - applyTo: HTTP_FILTER",
+			"workloadSelector map[app.kubernetes.io/name:demo-api] matches no Deployment"},
+		{"EnvoyFilter failure mode", "istio-ratelimit", "k8s/istio/ratelimit/envoyfilter.yaml",
+			"failure_mode_deny: false", "", "state failure_mode_deny explicitly"},
+		{"EnvoyFilter ValidateAll", "istio-ratelimit", "k8s/istio/ratelimit/envoyfilter.yaml",
+			"transport_api_version: V3", "transport_api_version: V2", "transport_api_version"},
+		{"descriptor file not in the ConfigMap", "istio-ratelimit", "k8s/istio/shared/extauthz.yaml",
+			"domains: [ratelimit-mesh.yaml]", "domains: [ratelimit-mash.yaml]", "extauthz validate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			files := manifestFiles(t)

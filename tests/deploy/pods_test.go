@@ -340,13 +340,24 @@ func checkExtauthzContainer(p *problems, s *set, d *object, volumes map[string]*
 		p.add("%s: %v", name, err)
 		return nil, 0
 	}
-	if err := extauthzValidate(fmt.Sprintf("%s (ConfigMap %s key %s)", d.file, cm, key), []byte(text)); err != nil {
+	// The files beside the config in its mounted ConfigMap: the
+	// descriptor files its rls.domains names.
+	siblings := map[string][]byte{}
+	if o := s.find("ConfigMap", cm); o != nil {
+		for k, v := range o.k8s.(*corev1.ConfigMap).Data {
+			siblings[k] = []byte(v)
+		}
+	}
+	if err := extauthzValidate(fmt.Sprintf("%s (ConfigMap %s key %s)", d.file, cm, key), []byte(text), siblings); err != nil {
 		p.add("%v", err)
 	}
 	sc, err := parseSidecarConfig([]byte(text))
 	if err != nil {
 		p.add("%s: ConfigMap %s key %s: %v", name, cm, key, err)
 		return nil, 0
+	}
+	if err := sc.loadDomains(siblings); err != nil {
+		p.add("%s: ConfigMap %s key %s: %v", name, cm, key, err)
 	}
 
 	env := map[string]*corev1.EnvVar{}

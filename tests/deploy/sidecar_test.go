@@ -36,6 +36,13 @@ type sidecarConfig struct {
 		Key  []string `json:"key"`
 		Mode string   `json:"mode"`
 	} `json:"policies"`
+	RLS struct {
+		Domains []string `json:"domains"`
+	} `json:"rls"`
+
+	// domains are the rate limit service's descriptor files, by domain,
+	// once loadDomains has read them.
+	domains map[string]*rlDomain
 }
 
 func parseSidecarConfig(data []byte) (*sidecarConfig, error) {

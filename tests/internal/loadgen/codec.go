@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/encoding"
@@ -37,17 +38,23 @@ func (statusCodec) Name() string { return "proto" }
 func (c statusCodec) Marshal(v any) (mem.BufferSlice, error) { return c.std.Marshal(v) }
 
 func (c statusCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	resp, ok := v.(*authv3.CheckResponse)
-	if !ok {
-		return c.std.Unmarshal(data, v)
-	}
 	var b []byte
 	if len(data) == 1 {
 		b = data[0].ReadOnlyData()
 	} else {
 		b = data.Materialize()
 	}
-	return decodeStatus(b, resp)
+	switch resp := v.(type) {
+	case *authv3.CheckResponse:
+		return decodeStatus(b, resp)
+	case *rlsv3.RateLimitResponse:
+		// The rate limit service's answer, likewise: only its overall
+		// code, not the statuses and headers a real answer carries.
+		code, err := varintField(b, rateLimitOverallCode)
+		resp.OverallCode = rlsv3.RateLimitResponse_Code(code)
+		return err
+	}
+	return c.std.Unmarshal(data, v)
 }
 
 // Field numbers of the parts HTTPStatus reads.
@@ -55,6 +62,8 @@ const (
 	checkResponseStatus = 1 // CheckResponse.status: google.rpc.Status
 	checkResponseDenied = 2 // CheckResponse.denied_response: DeniedHttpResponse
 	statusCode          = 1 // google.rpc.Status.code, DeniedHttpResponse.status, HttpStatus.code
+	// RateLimitResponse.overall_code
+	rateLimitOverallCode = 1
 )
 
 // decodeStatus fills resp's gRPC status code and denied HTTP status from
@@ -91,7 +100,7 @@ func decodeStatus(b []byte, resp *authv3.CheckResponse) error {
 	return nil
 }
 
-var errWireType = errors.New("loadgen: unexpected wire type in CheckResponse")
+var errWireType = errors.New("loadgen: unexpected wire type in a response")
 
 // bytesField returns the contents of the last length-delimited field num
 // of message b.

@@ -5,6 +5,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/mem"
@@ -69,6 +70,31 @@ func TestStatusCodecAgreesWithFullDecode(t *testing.T) {
 			if got, want := HTTPStatus(&lean), HTTPStatus(full); got != want {
 				t.Errorf("%s: lean decode says %d, full decode %d", name, got, want)
 			}
+		}
+	}
+}
+
+// For the rate limit service, the lean decoder reads the overall code a
+// full decode reads, whatever else the answer carries.
+func TestStatusCodecReadsRateLimitCode(t *testing.T) {
+	c := newStatusCodec()
+	for _, full := range []*rlsv3.RateLimitResponse{
+		{},
+		{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: 7}}},
+		{
+			OverallCode:          rlsv3.RateLimitResponse_OVER_LIMIT,
+			Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: rlsv3.RateLimitResponse_OVER_LIMIT}},
+			ResponseHeadersToAdd: []*corev3.HeaderValue{{Key: "retry-after", Value: "3"}},
+			RawBody:              []byte(`{"status":429}`),
+		},
+	} {
+		b, err := proto.Marshal(full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lean rlsv3.RateLimitResponse
+		if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &lean); err != nil || lean.GetOverallCode() != full.GetOverallCode() {
+			t.Fatalf("%v: lean decode %v, %v", full, lean.GetOverallCode(), err)
 		}
 	}
 }

@@ -1,6 +1,7 @@
-// Package loadgen drives Check calls at a gRPC Authorization server: a fixed
-// number of requests from a fixed number of workers, round robin over the
-// targets, bounded in count and time. Benchmarks and the end-to-end tests
+// Package loadgen drives Check calls at a gRPC Authorization server (or
+// ShouldRateLimit calls at a rate limit service): a fixed number of
+// requests from a fixed number of workers, round robin over the targets,
+// bounded in count and time. Benchmarks and the end-to-end tests
 // that need a realistic rate use it through tests/loadgen, built without
 // the race detector. It decodes of each response only the status it
 // counts (codec.go says why).
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -28,6 +30,10 @@ type Options struct {
 	MaxDuration time.Duration // stop early after this long (0: 2 minutes)
 	// Request builds request i. It must be safe for concurrent use.
 	Request func(i int) *authv3.CheckRequest
+	// RateLimit, when set instead of Request, builds request i of Envoy's
+	// rate limit service (envoy.service.ratelimit.v3): OK counts as the
+	// 200 Envoy lets through, OVER_LIMIT as its 429.
+	RateLimit func(i int) *rlsv3.RateLimitRequest
 	// ConnsPerTarget opens several HTTP/2 connections per target, as Envoy
 	// does with several worker threads (default 1).
 	ConnsPerTarget int
@@ -50,8 +56,8 @@ type Result struct {
 
 // Run performs the run described by o.
 func Run(ctx context.Context, o Options) (Result, error) {
-	if o.Concurrency < 1 || o.Requests < 1 || len(o.Targets) == 0 || o.Request == nil {
-		return Result{}, fmt.Errorf("loadgen: need targets, requests, concurrency and a request builder")
+	if o.Concurrency < 1 || o.Requests < 1 || len(o.Targets) == 0 || (o.Request == nil) == (o.RateLimit == nil) {
+		return Result{}, fmt.Errorf("loadgen: need targets, requests, concurrency and one request builder")
 	}
 	if o.MaxDuration <= 0 {
 		o.MaxDuration = 2 * time.Minute
@@ -59,9 +65,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if o.ConnsPerTarget < 1 {
 		o.ConnsPerTarget = 1
 	}
-	var clients [][]authv3.AuthorizationClient
+	var clients [][]caller
 	for _, t := range o.Targets {
-		var cs []authv3.AuthorizationClient
+		var cs []caller
 		for i := 0; i < o.ConnsPerTarget; i++ {
 			conn, err := grpc.NewClient("passthrough:///"+t, grpc.WithTransportCredentials(insecure.NewCredentials()),
 				grpc.WithDefaultCallOptions(grpc.ForceCodecV2(newStatusCodec())))
@@ -69,19 +75,17 @@ func Run(ctx context.Context, o Options) (Result, error) {
 				return Result{}, err
 			}
 			defer conn.Close()
-			cs = append(cs, authv3.NewAuthorizationClient(conn))
+			if o.RateLimit != nil {
+				cs = append(cs, rateLimitCaller{rlsv3.NewRateLimitServiceClient(conn), o.RateLimit})
+			} else {
+				cs = append(cs, checkCaller{authv3.NewAuthorizationClient(conn), o.Request})
+			}
 		}
 		clients = append(clients, cs)
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.MaxDuration)
 	defer cancel()
 
-	type sample struct {
-		latency time.Duration
-		status  int
-		target  int
-		err     error
-	}
 	samples := make([]sample, o.Requests)
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -97,14 +101,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 				}
 				target := i % len(clients)
 				c := clients[target][w%o.ConnsPerTarget]
-				req := o.Request(i)
-				t0 := time.Now()
-				resp, err := c.Check(ctx, req)
-				s := sample{latency: time.Since(t0), target: target, err: err}
-				if err == nil {
-					s.status = HTTPStatus(resp)
-				}
-				samples[i] = s
+				samples[i] = c.call(ctx, i, target)
 			}
 		}(w)
 	}
@@ -138,6 +135,54 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	r.Throughput = float64(o.Requests) / elapsed.Seconds()
 	return r, nil
+}
+
+// sample is one call's outcome.
+type sample struct {
+	latency time.Duration
+	status  int
+	target  int
+	err     error
+}
+
+// caller makes call i of a run: a Check or a ShouldRateLimit.
+type caller interface {
+	call(ctx context.Context, i, target int) sample
+}
+
+type checkCaller struct {
+	c     authv3.AuthorizationClient
+	build func(i int) *authv3.CheckRequest
+}
+
+func (c checkCaller) call(ctx context.Context, i, target int) sample {
+	req := c.build(i)
+	t0 := time.Now()
+	resp, err := c.c.Check(ctx, req)
+	s := sample{latency: time.Since(t0), target: target, err: err}
+	if err == nil {
+		s.status = HTTPStatus(resp)
+	}
+	return s
+}
+
+type rateLimitCaller struct {
+	c     rlsv3.RateLimitServiceClient
+	build func(i int) *rlsv3.RateLimitRequest
+}
+
+func (c rateLimitCaller) call(ctx context.Context, i, target int) sample {
+	req := c.build(i)
+	t0 := time.Now()
+	resp, err := c.c.ShouldRateLimit(ctx, req)
+	s := sample{latency: time.Since(t0), target: target, err: err}
+	if err == nil {
+		s.status = 200
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			s.status = 429
+		}
+	}
+	return s
 }
 
 // HTTPStatus is the HTTP status Envoy sends for a CheckResponse: 200 when

@@ -1,0 +1,20 @@
+package config
+
+import "fmt"
+
+// validateRLS checks the rls section. The domain files themselves are
+// read and checked by internal/rlsconfig, with their own file names in
+// the errors; Parse resolves the paths against the configuration's
+// directory.
+func validateRLS(r *rawRLS, errs *Errors) RLS {
+	c := RLS{Domains: r.Domains, ResponseHeaders: true}
+	if r.ResponseHeaders != nil {
+		c.ResponseHeaders = *r.ResponseHeaders
+	}
+	for i, d := range r.Domains {
+		if d == "" {
+			errs.add(fmt.Sprintf("rls.domains[%d]", i), "is empty; give a file or a directory of envoyproxy/ratelimit configurations")
+		}
+	}
+	return c
+}

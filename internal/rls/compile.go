@@ -1,0 +1,230 @@
+package rls
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/engine"
+	"github.com/extauthz/extauthz/internal/rlsconfig"
+)
+
+// compiled is one configuration: the main one (for the mode of limits
+// Envoy sends and the response settings) and the descriptor trees of its
+// domains, every rate limit compiled into an engine.Policy.
+type compiled struct {
+	cfg     *config.Config
+	rls     *rlsconfig.Config
+	domains map[string]*domain
+	// names holds the policies of the metric names made per request
+	// (detailed_metric, value_to_metric) and of the limits Envoy sends,
+	// at most maxNames of each kind per configuration.
+	names, overrides bounded
+
+	metrics  *engine.Metrics
+	limiters engine.Limiters
+	log      *slog.Logger
+
+	warnedUnknown atomic.Bool // an unknown domain was logged
+}
+
+// domain is one domain's descriptor tree.
+type domain struct {
+	name string
+	root level
+}
+
+// level is one descriptor list, indexed for lookup.
+type level struct {
+	exact map[entry]*node  // by key and value (a wildcard value too, literally)
+	any   map[string]*node // descriptors without a value, by key
+	wild  []wildNode       // descriptors with a wildcard value, in configuration order
+}
+
+type entry struct{ key, value string }
+
+type wildNode struct {
+	key   string
+	parts []string // the value split at its '*'s
+	node  *node
+}
+
+// node is one descriptor.
+type node struct {
+	level
+	d    *rlsconfig.Descriptor
+	rule *rule // nil: no rate limit at this level
+}
+
+// rule is one compiled rate limit.
+type rule struct {
+	name      string // the rate_limit's name: what replaces refers to
+	stat      string // its metric name, as envoyproxy/ratelimit names its stats: domain.key_value.key
+	unlimited bool
+	replaces  []string
+	// dynamic: the decisions' metric name is made from the request's
+	// values (detailed_metric here, or value_to_metric on its path).
+	dynamic  bool
+	detailed bool
+	// shared: a wildcard with share_threshold on its path, whose
+	// matched values count together.
+	shared  bool
+	policy  *engine.Policy // nil when unlimited
+	current *rlsv3.RateLimitResponse_RateLimit
+}
+
+// maxNames bounds the metric names one configuration makes from request
+// values: each is a set of Prometheus series, kept for the life of the
+// process. Past the bound, decisions count under the rate limit's own name.
+const maxNames = 1000
+
+func compile(cfg *config.Config, rc *rlsconfig.Config, limiters engine.Limiters, m *engine.Metrics, log *slog.Logger) (*compiled, error) {
+	c := &compiled{cfg: cfg, rls: rc, domains: map[string]*domain{}, metrics: m, limiters: limiters, log: log}
+	c.names.init("metric names made from request values (detailed_metric, value_to_metric)")
+	c.overrides.init("rate limits sent with requests")
+	if rc == nil {
+		return c, nil
+	}
+	for name, d := range rc.Domains {
+		dom := &domain{name: name}
+		if err := c.level(&dom.root, d.Descriptors, name, d, false, false); err != nil {
+			return nil, err
+		}
+		c.domains[name] = dom
+	}
+	return c, nil
+}
+
+// level compiles a descriptor list of domain dom: stat is its parent's
+// metric name, valueToMetric and shared whether a parent had
+// value_to_metric or share_threshold.
+func (c *compiled) level(lv *level, ds []*rlsconfig.Descriptor, stat string, dom *rlsconfig.Domain, valueToMetric, shared bool) error {
+	lv.exact, lv.any = map[entry]*node{}, map[string]*node{}
+	for _, d := range ds {
+		n := &node{d: d}
+		// envoyproxy/ratelimit names a descriptor key_value, or key alone.
+		own := stat + "." + d.Key
+		if d.Value != "" {
+			own += "_" + d.Value
+		}
+		vtm := valueToMetric || d.ValueToMetric
+		sh := shared || d.ShareThreshold
+		if d.Limit != nil {
+			r, err := c.rule(d, own, dom, vtm)
+			if err != nil {
+				return err
+			}
+			r.shared = sh
+			n.rule = r
+		}
+		switch {
+		case d.Value == "":
+			lv.any[d.Key] = n
+		default:
+			lv.exact[entry{d.Key, d.Value}] = n
+			if d.Wildcard != nil {
+				lv.wild = append(lv.wild, wildNode{key: d.Key, parts: d.Wildcard, node: n})
+			}
+		}
+		if err := c.level(&n.level, d.Descriptors, own, dom, vtm, sh); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *compiled) rule(d *rlsconfig.Descriptor, stat string, dom *rlsconfig.Domain, valueToMetric bool) (*rule, error) {
+	l := d.Limit
+	r := &rule{
+		name:      l.Name,
+		stat:      stat,
+		unlimited: l.Unlimited,
+		replaces:  l.Replaces,
+		detailed:  d.DetailedMetric,
+		dynamic:   d.DetailedMetric || valueToMetric,
+	}
+	if l.Unlimited {
+		return r, nil
+	}
+	r.current = &rlsv3.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: uint32(l.RequestsPerUnit), Unit: units[l.Unit]}
+	p, err := c.policy(config.Policy{
+		Name:         stat,
+		Limit:        l.RequestsPerUnit,
+		Window:       l.Window,
+		Burst:        l.Burst,
+		Algorithm:    l.Algorithm,
+		Mode:         l.Mode,
+		OnRedisError: l.OnRedisError,
+		Shadow:       d.Shadow,
+		Queue:        l.Queue,
+		MaxDelay:     l.MaxDelay,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s.rate_limit: %w", dom.File, d.Path, err)
+	}
+	r.policy = p
+	return r, nil
+}
+
+// policy compiles a rate limit; one of 0 requests per unit puts every
+// request over the limit without counting.
+func (c *compiled) policy(p config.Policy) (*engine.Policy, error) {
+	limiters := c.limiters
+	if p.Limit == 0 {
+		limiters = engine.Limiters{p.Mode: blocked{}}
+	}
+	return engine.NewPolicy(p, limiters, c.metrics)
+}
+
+// units maps the configuration's unit names to the protocol's.
+var units = map[string]rlsv3.RateLimitResponse_RateLimit_Unit{
+	"second": rlsv3.RateLimitResponse_RateLimit_SECOND,
+	"minute": rlsv3.RateLimitResponse_RateLimit_MINUTE,
+	"hour":   rlsv3.RateLimitResponse_RateLimit_HOUR,
+	"day":    rlsv3.RateLimitResponse_RateLimit_DAY,
+	"week":   rlsv3.RateLimitResponse_RateLimit_WEEK,
+	"month":  rlsv3.RateLimitResponse_RateLimit_MONTH,
+	"year":   rlsv3.RateLimitResponse_RateLimit_YEAR,
+}
+
+// bounded is a set of policies made on demand: at most maxNames under
+// names of their own, then one under a fallback name each.
+type bounded struct {
+	what   string // for the warning when full
+	mu     sync.Mutex
+	m      map[string]*engine.Policy
+	warned bool
+}
+
+func (b *bounded) init(what string) { b.what, b.m = what, map[string]*engine.Policy{} }
+
+// get returns the policy made for key, making it with mk(key) while fewer
+// than maxNames are made; past that, the one made for fallback. It logs
+// the first refusal.
+func (b *bounded) get(key, fallback string, mk func(key string) (*engine.Policy, error), log *slog.Logger) (*engine.Policy, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p, ok := b.m[key]; ok {
+		return p, nil
+	}
+	if len(b.m) >= maxNames {
+		if !b.warned && log != nil {
+			b.warned = true
+			log.Warn("rls: too many "+b.what+"; further ones count under their rate limit's or domain's name (logged once per configuration)", "max", maxNames)
+		}
+		if p, ok := b.m[fallback]; ok {
+			return p, nil
+		}
+		key = fallback
+	}
+	p, err := mk(key)
+	if err != nil {
+		return nil, err
+	}
+	b.m[key] = p
+	return p, nil
+}

@@ -1,0 +1,80 @@
+package rls
+
+import (
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/extauthz/extauthz/internal/engine"
+)
+
+// keyPrefix starts every partition key of this door. A policy's keys start
+// with its name, which cannot hold a '/', so no descriptor's count can be
+// an ext_authz policy's, and the Redis key scheme is the same for both:
+// "rl:{rls/shop:user=ada}", the whole partition in the hash tag, so a
+// Redis Cluster keeps each count on one node.
+const keyPrefix = "rls/"
+
+// partition is a descriptor's partition key: the domain and every entry's
+// key and value (for an entry matched by a wildcard with share_threshold,
+// the wildcard, so every value it matches counts together), each escaped
+// as engine.AppendKeyValue does, so no value forges another key and a
+// long one is replaced by its digest. steps is nil for a limit Envoy sent.
+func partition(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, steps []step) string {
+	var buf [128]byte
+	b := append(buf[:0], keyPrefix...)
+	b = engine.AppendKeyValue(b, domain)
+	for i, e := range entries {
+		b = append(b, ':')
+		b = engine.AppendKeyValue(b, e.GetKey())
+		b = append(b, '=')
+		v := e.GetValue()
+		if steps != nil && steps[i].how == byWildcard && steps[i].node.d.ShareThreshold {
+			v = steps[i].node.d.Value
+		}
+		b = engine.AppendKeyValue(b, v)
+	}
+	return string(b)
+}
+
+// metricName is the name a dynamic rule's decision counts under, as
+// envoyproxy/ratelimit names the stats: with detailed_metric,
+// domain.key_value for every entry; with value_to_metric, the request's
+// value in place of a descriptor without one (or a wildcard) where the
+// flag is set. Values are escaped (non-printable bytes percent-encoded,
+// long ones replaced by their digest) so a name stays short and valid.
+func metricName(domain string, r *rule, entries []*ratelimitv3.RateLimitDescriptor_Entry, steps []step) string {
+	b := engine.AppendKeyValue(make([]byte, 0, 64), domain)
+	for i, e := range entries {
+		st := steps[i]
+		b = append(b, '.')
+		b = engine.AppendKeyValue(b, e.GetKey())
+		v := ""
+		switch {
+		case st.how == byWildcard && st.node.d.ShareThreshold:
+			v = st.node.d.Value
+		case r.detailed:
+			v = e.GetValue()
+		case st.how == byValue:
+			v = st.node.d.Value
+		case st.how == byWildcard && !st.node.d.ValueToMetric:
+			v = st.node.d.Value
+		case st.node.d.ValueToMetric:
+			v = e.GetValue()
+		}
+		if v != "" {
+			b = append(b, '_')
+			b = engine.AppendKeyValue(b, v)
+		}
+	}
+	return string(b)
+}
+
+// overrideName is the metric name of a limit Envoy sent: the domain and
+// the entries' keys (their values would make a series per value).
+func overrideName(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry) string {
+	b := engine.AppendKeyValue(make([]byte, 0, 64), domain)
+	for _, e := range entries {
+		b = append(b, '.')
+		b = engine.AppendKeyValue(b, e.GetKey())
+	}
+	return string(b)
+}

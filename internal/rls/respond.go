@@ -1,0 +1,134 @@
+package rls
+
+import (
+	"math"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/extauthz/extauthz/internal/engine"
+)
+
+// What Envoy gets back: the overall code, one status per descriptor, and,
+// unless rls.response_headers is false, what every door tells a client:
+// on OK the RateLimit-Policy and RateLimit headers of the most
+// constrained limit (Envoy adds them to the upstream's response); over
+// the limit, Retry-After, the RateLimit headers of the limit with the
+// longest wait and the problem+json body (Envoy sends them in its 429,
+// the body as raw_body, our content-type in place of its text/plain).
+
+// respParts holds the messages of an answer of one descriptor (the
+// usual call: one rate_limits entry per route), so that building one costs
+// one allocation: an allowed call is the hot path, and small objects per
+// call show up as garbage collection under load. Answers of more
+// descriptors allocate their statuses apart. The messages are never
+// copied: only pointers into this struct escape.
+type respParts struct {
+	resp  rlsv3.RateLimitResponse
+	stBuf [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	st    [1]rlsv3.RateLimitResponse_DescriptorStatus
+	dur   [1]durationpb.Duration
+	hBuf  [2]*corev3.HeaderValue
+	h     [2]corev3.HeaderValue
+}
+
+func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse {
+	n := len(a.slots)
+	p := &respParts{}
+	resp := &p.resp
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
+	sts, durs := p.st[:], p.dur[:]
+	resp.Statuses = p.stBuf[:0]
+	if n > len(p.st) {
+		sts, durs = make([]rlsv3.RateLimitResponse_DescriptorStatus, n), make([]durationpb.Duration, n)
+		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, 0, n)
+	}
+	for i := range a.slots {
+		sl, st, dur := &a.slots[i], &sts[i], &durs[i]
+		resp.Statuses = append(resp.Statuses, st)
+		st.Code = rlsv3.RateLimitResponse_OK
+		switch {
+		case sl.take < 0:
+			if sl.rule != nil && sl.rule.unlimited {
+				// envoyproxy/ratelimit's answer for an unlimited
+				// descriptor: OK, and all the room there is.
+				st.LimitRemaining = math.MaxUint32
+			}
+		default:
+			t := &a.takes[sl.take]
+			if !t.OK && !t.Policy.Shadow {
+				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+			if t.OK {
+				rem := t.Decision.Remaining
+				if o != engine.OK {
+					// Another descriptor denied the request and this
+					// one's hits were given back: they remain.
+					rem = min(rem+t.Units, t.Decision.Limit)
+				}
+				st.LimitRemaining = uint32(min(max(rem, 0), math.MaxUint32))
+			}
+			st.CurrentLimit = sl.current
+			reset := max(t.Decision.ResetAfter, 0)
+			dur.Seconds, dur.Nanos = int64(reset/time.Second), int32(reset%time.Second)
+			st.DurationUntilReset = dur
+		}
+	}
+	if o != engine.OK {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if c.cfg.RLS.ResponseHeaders {
+		c.headers(p, a, o)
+	}
+	return resp
+}
+
+func (c *compiled) headers(p *respParts, a *answer, o engine.Outcome) {
+	resp := &p.resp
+	v := engine.VerdictOf(o, a.takes)
+	legacy := c.cfg.Headers.Legacy
+	if o == engine.OK {
+		t := v.Tightest()
+		if t == nil {
+			return
+		}
+		d := &t.Decision
+		p.h[0] = corev3.HeaderValue{Key: "ratelimit-policy", Value: t.Limit.Header}
+		p.h[1] = corev3.HeaderValue{Key: "ratelimit", Value: engine.RateLimitHeader(t.Policy.Name, d.Remaining, d.ResetAfter)}
+		h := append(p.hBuf[:0], &p.h[0], &p.h[1])
+		if legacy {
+			for _, kv := range engine.LegacyHeaders(d.Limit, d.Remaining, d.ResetAfter) {
+				h = append(h, &corev3.HeaderValue{Key: kv[0], Value: kv[1]})
+			}
+		}
+		resp.ResponseHeadersToAdd = h
+		return
+	}
+	den := v.Deny(legacy)
+	// Envoy answers OVER_LIMIT with its rate limit filter's status, 429
+	// unless configured otherwise; an on_redis_error: deny keeps its
+	// problem type (temporary reduced capacity) but not the 503 the
+	// ext_authz door can send.
+	den.Problem.Status, den.Problem.Title = 429, "Too Many Requests"
+	h := make([]*corev3.HeaderValue, 0, len(den.Headers)+1)
+	h = append(h, &corev3.HeaderValue{Key: "content-type", Value: engine.ProblemContentType})
+	for _, kv := range den.Headers {
+		h = append(h, &corev3.HeaderValue{Key: kv[0], Value: kv[1]})
+	}
+	resp.ResponseHeadersToAdd = h
+	resp.RawBody = []byte(den.Problem.JSON())
+}
+
+// noLimits is the answer for a domain no file defines: every descriptor
+// OK, with no limit, as envoyproxy/ratelimit answers.
+func noLimits(n int) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
+	for i := range sts {
+		sts[i].Code = rlsv3.RateLimitResponse_OK
+		resp.Statuses[i] = &sts[i]
+	}
+	return resp
+}

@@ -1,0 +1,347 @@
+// Package rls is the door of Envoy's rate limit service protocol,
+// envoy.service.ratelimit.v3.RateLimitService, which Envoy's ratelimit
+// HTTP and network filters, Istio's global rate limiting and Envoy
+// Gateway call. It reads envoyproxy/ratelimit's descriptor configuration
+// (internal/rlsconfig) and decides through the same engine as the
+// ext_authz door: every descriptor's rate limit is an engine.Policy with
+// the process's limiters (local, redis, hybrid, the fallback and the
+// breaker), and a request's descriptors are taken all or nothing by
+// engine.TakeAll. A request of several descriptors one of which is over
+// its limit spends nothing from the others.
+//
+// The matching rules are envoyproxy/ratelimit's (match.go); the answer
+// carries the status of every descriptor, and the RateLimit headers and
+// the problem body every door sends.
+package rls
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+
+	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/engine"
+	"github.com/extauthz/extauthz/internal/rlsconfig"
+)
+
+// Door is this door's name in the metrics: extauthz_checks_total{door="rls"}.
+const Door = "rls"
+
+// MaxDescriptors is the most descriptors one request may carry: each is a
+// quota decision (in redis mode, a Redis round trip), as a Check's
+// policies are, under the same bound. Envoy sends one per rate limit
+// configuration that applies to a route, so more is a configuration to fix.
+const MaxDescriptors = engine.MaxPoliciesPerRequest
+
+// Server is the rate limit service. It is safe for concurrent use; Update
+// swaps the configuration without blocking calls in flight.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+
+	limiters engine.Limiters
+	metrics  *engine.Metrics
+	door     *engine.Door
+	own      *Metrics
+	now      func() time.Time
+	hold     engine.HoldFunc
+	log      *slog.Logger
+	current  atomic.Pointer[compiled]
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithClock sets the source of decision instants (by default the instant
+// the call arrived). Each call reads it once.
+func WithClock(now func() time.Time) Option { return func(s *Server) { s.now = now } }
+
+// WithHold replaces how an admitted request is held until its leaky
+// bucket slot (a timer by default). Tests pass a recorder.
+func WithHold(hold engine.HoldFunc) Option { return func(s *Server) { s.hold = hold } }
+
+// WithLog receives the warnings of a configuration (an unknown domain, too
+// many metric names), each once per configuration.
+func WithLog(log *slog.Logger) Option { return func(s *Server) { s.log = log } }
+
+// WithMetrics counts this door's own events in m (by default in
+// collectors registered nowhere).
+func WithMetrics(m *Metrics) Option { return func(s *Server) { s.own = m } }
+
+// New returns a Server enforcing the domains of rc (nil: none, every
+// request is allowed) under the main configuration cfg, with the given
+// limiters, one per mode the configuration uses, counting in m.
+func New(cfg *config.Config, rc *rlsconfig.Config, limiters engine.Limiters, m *engine.Metrics, opts ...Option) (*Server, error) {
+	s := &Server{limiters: limiters, metrics: m, door: m.Door(Door), own: NewMetrics(nil)}
+	for _, o := range opts {
+		o(s)
+	}
+	if err := s.Update(cfg, rc); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Update compiles the configuration and makes it the running one. On error
+// the running configuration stays.
+func (s *Server) Update(cfg *config.Config, rc *rlsconfig.Config) error {
+	commit, err := s.Prepare(cfg, rc)
+	if err != nil {
+		return err
+	}
+	commit()
+	return nil
+}
+
+// Prepare compiles the configuration; commit makes it the running one. A
+// reload prepares every door before committing any, so the doors change
+// configuration together or not at all.
+func (s *Server) Prepare(cfg *config.Config, rc *rlsconfig.Config) (commit func(), err error) {
+	c, err := compile(cfg, rc, s.limiters, s.metrics, s.log)
+	if err != nil {
+		return nil, err
+	}
+	return func() { s.current.Store(c) }, nil
+}
+
+// Config returns the running descriptor configuration (nil: none).
+func (s *Server) Config() *rlsconfig.Config { return s.current.Load().rls }
+
+// ShouldRateLimit implements envoy.service.ratelimit.v3.RateLimitService.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := time.Now()
+	now := start
+	if s.now != nil {
+		now = s.now()
+	}
+	a := answers.Get().(*answer)
+	resp, outcome, err := s.decide(ctx, s.current.Load(), req, now, a)
+	a.reset()
+	answers.Put(a)
+	s.door.Observe(outcome, time.Since(start).Seconds())
+	return resp, err
+}
+
+// answers recycles the working state of calls: a call's takes and slots
+// are not needed once its response is built (which shares none of them),
+// and at a few hundred bytes each they were most of a call's garbage.
+var answers = sync.Pool{New: func() any { return new(answer) }}
+
+// answer is one request's decisions: a take per descriptor that counts,
+// and what each descriptor found.
+type answer struct {
+	takes   []engine.Taken
+	slots   []slot // by descriptor
+	takeBuf [2]engine.Taken
+	slotBuf [2]slot
+}
+
+// reset clears a for reuse, dropping the pointers it held.
+func (a *answer) reset() { *a = answer{} }
+
+// slot is what one descriptor found.
+type slot struct {
+	rule    *rule                              // nil: no rate limit (or a limit Envoy sent)
+	current *rlsv3.RateLimitResponse_RateLimit // the limit that applies, for the status
+	take    int                                // index into takes; -1 when nothing counts
+}
+
+func (a *answer) add(r *rule, cur *rlsv3.RateLimitResponse_RateLimit, t engine.Taken) {
+	a.slots = append(a.slots, slot{rule: r, current: cur, take: len(a.takes)})
+	a.takes = append(a.takes, t)
+}
+
+// drop removes the takes of rate limits whose name is replaced.
+func (a *answer) drop(replaced map[string]bool) {
+	kept := a.takes[:0]
+	for i := range a.slots {
+		sl := &a.slots[i]
+		if sl.take < 0 {
+			continue
+		}
+		t := a.takes[sl.take]
+		if sl.rule != nil && sl.rule.name != "" && replaced[sl.rule.name] {
+			sl.take = -1
+			continue
+		}
+		sl.take = len(kept)
+		kept = append(kept, t)
+	}
+	a.takes = kept
+}
+
+func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRequest, now time.Time, a *answer) (*rlsv3.RateLimitResponse, engine.Outcome, error) {
+	ds := req.GetDescriptors()
+	switch {
+	case req.GetDomain() == "":
+		return nil, engine.Failed, grpcstatus.Error(codes.InvalidArgument, "rls: the request names no domain")
+	case len(ds) == 0:
+		return nil, engine.Failed, grpcstatus.Error(codes.InvalidArgument, "rls: the request carries no descriptor")
+	case len(ds) > MaxDescriptors:
+		return nil, engine.Failed, grpcstatus.Errorf(codes.InvalidArgument,
+			"rls: the request carries %d descriptors; at most %d (each is a rate limit decision): fix the route's rate_limits", len(ds), MaxDescriptors)
+	}
+	for i, d := range ds {
+		if n := len(d.GetEntries()); n > maxEntries {
+			return nil, engine.Failed, grpcstatus.Errorf(codes.InvalidArgument,
+				"rls: descriptors[%d] has %d entries; at most %d (no configured descriptor nests deeper)", i, n, maxEntries)
+		}
+	}
+	dom := c.domains[req.GetDomain()]
+	if dom == nil {
+		s.own.UnknownDomains.Inc()
+		if s.log != nil && c.warnedUnknown.CompareAndSwap(false, true) {
+			s.log.Warn("rls: a request names a domain no file defines; its descriptors are not limited (logged once per configuration)",
+				"domain", req.GetDomain(), "domains", len(c.domains))
+		}
+		return noLimits(len(ds)), engine.OK, nil
+	}
+
+	// 1. Each descriptor's rate limit, its partition key and metric name,
+	// all before any quota is taken; and the names the limits found
+	// replace.
+	a.takes, a.slots = a.takeBuf[:0], a.slotBuf[:0]
+	var steps [maxEntries]step
+	var replaced map[string]bool
+	for i, d := range ds {
+		entries := d.GetEntries()
+		if o := d.GetLimit(); o != nil {
+			cur, window, err := overrideLimit(i, o)
+			if err != nil {
+				return nil, engine.Failed, err
+			}
+			p, err := c.overridePolicy(dom.name, entries, int64(cur.GetRequestsPerUnit()), window)
+			if err != nil {
+				return nil, engine.Failed, grpcstatus.Errorf(codes.Internal, "rls: %v", err)
+			}
+			a.add(nil, cur, engine.Taken{Policy: p, Key: partition(dom.name, entries, nil),
+				Limit: p.NewLimit(int64(cur.GetRequestsPerUnit()), window), Units: hits(req, d)})
+			continue
+		}
+		r := dom.match(entries, steps[:])
+		if r == nil || r.unlimited {
+			a.slots = append(a.slots, slot{rule: r, take: -1})
+		}
+		if r == nil {
+			continue
+		}
+		for _, name := range r.replaces {
+			if replaced == nil {
+				replaced = map[string]bool{}
+			}
+			replaced[name] = true
+		}
+		if r.unlimited {
+			continue
+		}
+		matched := steps[:len(entries)]
+		p := r.policy
+		if r.dynamic {
+			var err error
+			p, err = c.names.get(metricName(dom.name, r, entries, matched), r.stat, func(name string) (*engine.Policy, error) {
+				if name == r.stat {
+					return r.policy, nil
+				}
+				return r.policy.CountedAs(name, c.metrics), nil
+			}, s.log)
+			if err != nil {
+				return nil, engine.Failed, grpcstatus.Errorf(codes.Internal, "rls: %v", err)
+			}
+		}
+		if !r.shared {
+			matched = nil // the key holds the request's values as they are
+		}
+		a.add(r, r.current, engine.Taken{Policy: p, Key: partition(dom.name, entries, matched), Limit: p.FixedLimit(), Units: hits(req, d)})
+	}
+	if replaced != nil {
+		a.drop(replaced)
+	}
+
+	// 2. Take them all or none.
+	outcome, err := engine.TakeAll(ctx, a.takes, now, s.hold)
+	switch {
+	case err != nil && outcome == engine.Canceled:
+		return nil, outcome, grpcstatus.FromContextError(err).Err()
+	case err != nil:
+		return nil, outcome, grpcstatus.Errorf(codes.Internal, "rls: %v", err)
+	}
+	return c.respond(a, outcome), outcome, nil
+}
+
+// hits is the units a descriptor spends: its own hits_addend when Envoy
+// set one (0 asks without spending), else the request's, where 0 (unset)
+// means 1. envoyproxy/ratelimit reads them the same way.
+func hits(req *rlsv3.RateLimitRequest, d *ratelimitv3.RateLimitDescriptor) int64 {
+	if h := d.GetHitsAddend(); h != nil {
+		return int64(min(h.GetValue(), maxHits))
+	}
+	return int64(max(req.GetHitsAddend(), 1))
+}
+
+// maxHits bounds a descriptor's hits: more than any limit holds is denied
+// all the same, and counts stay far from overflowing.
+const maxHits = 1 << 40
+
+// overrideLimit reads the limit Envoy sent with descriptor i: the status's
+// current_limit, and the window (the unit times its multiplier).
+func overrideLimit(i int, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) (*rlsv3.RateLimitResponse_RateLimit, time.Duration, error) {
+	u, ok := overrideUnits[o.GetUnit()]
+	if !ok {
+		return nil, 0, grpcstatus.Errorf(codes.InvalidArgument, "rls: descriptors[%d].limit.unit: %s is not a unit", i, o.GetUnit())
+	}
+	cur := &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: u.unit}
+	mult := int64(1)
+	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
+		mult = int64(m.GetValue())
+		cur.UnitMultiplier = m
+	}
+	if mult > int64(maxOverrideWindow/u.length) {
+		return nil, 0, grpcstatus.Errorf(codes.InvalidArgument, "rls: descriptors[%d].limit: %d × %s is longer than %s", i, mult, o.GetUnit(), maxOverrideWindow)
+	}
+	return cur, time.Duration(mult) * u.length, nil
+}
+
+// maxOverrideWindow is the longest window a limit Envoy sends may have.
+const maxOverrideWindow = 366 * 24 * time.Hour
+
+// overrideUnits are the units of a limit Envoy sends (envoy.type.v3 has
+// no week).
+var overrideUnits = map[typev3.RateLimitUnit]struct {
+	unit   rlsv3.RateLimitResponse_RateLimit_Unit
+	length time.Duration
+}{
+	typev3.RateLimitUnit_SECOND: {rlsv3.RateLimitResponse_RateLimit_SECOND, rlsconfig.Units["second"]},
+	typev3.RateLimitUnit_MINUTE: {rlsv3.RateLimitResponse_RateLimit_MINUTE, rlsconfig.Units["minute"]},
+	typev3.RateLimitUnit_HOUR:   {rlsv3.RateLimitResponse_RateLimit_HOUR, rlsconfig.Units["hour"]},
+	typev3.RateLimitUnit_DAY:    {rlsv3.RateLimitResponse_RateLimit_DAY, rlsconfig.Units["day"]},
+	typev3.RateLimitUnit_MONTH:  {rlsv3.RateLimitResponse_RateLimit_MONTH, rlsconfig.Units["month"]},
+	typev3.RateLimitUnit_YEAR:   {rlsv3.RateLimitResponse_RateLimit_YEAR, rlsconfig.Units["year"]},
+}
+
+// overridePolicy is the policy of a limit Envoy sent: a fixed window in
+// the main configuration's default mode, never in shadow mode, replacing
+// nothing, as envoyproxy/ratelimit treats it. Its decisions count under
+// the domain and the entries' keys (the values would make a series per
+// value); past maxNames such names, under the domain's.
+func (c *compiled) overridePolicy(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, n int64, window time.Duration) (*engine.Policy, error) {
+	name, fallback := overrideName(domain, entries), domain
+	if n == 0 { // blocking: a policy with a limiter of its own, counting nothing
+		name, fallback = name+blockedSuffix, fallback+blockedSuffix
+	}
+	return c.overrides.get(name, fallback, func(key string) (*engine.Policy, error) {
+		return c.policy(config.Policy{Name: strings.TrimSuffix(key, blockedSuffix), Limit: n, Window: window,
+			Algorithm: config.FixedWindow, Mode: c.cfg.DefaultMode, OnRedisError: config.OnErrorFallback})
+	}, c.log)
+}
+
+// blockedSuffix tells apart, among the policies of limits Envoy sends, the
+// blocking ones (0 requests per unit).
+const blockedSuffix = "\x00blocked"

@@ -1,0 +1,261 @@
+package rlsconfig
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/extauthz/extauthz/internal/config"
+)
+
+// The raw types mirror envoyproxy/ratelimit's YAML, plus extauthz's own
+// rate_limit settings. Durations stay strings so that validation, which
+// knows each field's path, reports bad values.
+
+type rawFile struct {
+	Domain      string          `yaml:"domain"`
+	Descriptors []rawDescriptor `yaml:"descriptors"`
+}
+
+type rawDescriptor struct {
+	Key            string          `yaml:"key"`
+	Value          string          `yaml:"value"`
+	RateLimit      *rawRateLimit   `yaml:"rate_limit"`
+	Descriptors    []rawDescriptor `yaml:"descriptors"`
+	ShadowMode     bool            `yaml:"shadow_mode"`
+	DetailedMetric bool            `yaml:"detailed_metric"`
+	ValueToMetric  bool            `yaml:"value_to_metric"`
+	ShareThreshold bool            `yaml:"share_threshold"`
+}
+
+type rawRateLimit struct {
+	Unit            string       `yaml:"unit"`
+	RequestsPerUnit *int64       `yaml:"requests_per_unit"`
+	Unlimited       bool         `yaml:"unlimited"`
+	Name            string       `yaml:"name"`
+	Replaces        []rawReplace `yaml:"replaces"`
+	// extauthz's own.
+	Algorithm    string `yaml:"algorithm"`
+	Mode         string `yaml:"mode"`
+	OnRedisError string `yaml:"on_redis_error"`
+	Burst        int64  `yaml:"burst"`
+	Queue        *int64 `yaml:"queue"`
+	MaxDelay     string `yaml:"max_delay"`
+}
+
+type rawReplace struct {
+	Name string `yaml:"name"`
+}
+
+// maxBurst bounds burst as the main configuration bounds its limits.
+const maxBurst = 1 << 40
+
+func parse(data []byte, name string, o Options) (*Domain, []string, error) {
+	var raw rawFile
+	errs := config.DecodeYAML(data, name, &raw)
+	if err := errs.Err(); err != nil {
+		return nil, nil, err
+	}
+	v := &validator{file: name, opts: o, errs: errs}
+	d := &Domain{Name: raw.Domain, File: name}
+	if raw.Domain == "" {
+		errs.Add("domain", "is required: the domain Envoy's rate limit filter names")
+	}
+	d.Descriptors = v.descriptors(raw.Descriptors, "", 1)
+	if err := errs.Err(); err != nil {
+		return nil, v.warnings, err
+	}
+	return d, v.warnings, nil
+}
+
+// validator checks one file.
+type validator struct {
+	file     string
+	opts     Options
+	errs     *config.Errors
+	warnings []string
+}
+
+func (v *validator) warn(path, format string, args ...any) {
+	v.warnings = append(v.warnings, fmt.Sprintf("%s: %s: %s", v.file, path, fmt.Sprintf(format, args...)))
+}
+
+func (v *validator) descriptors(raws []rawDescriptor, parent string, depth int) []*Descriptor {
+	out := make([]*Descriptor, 0, len(raws))
+	seen := map[[2]string]int{}
+	for i := range raws {
+		r := &raws[i]
+		path := fmt.Sprintf("%sdescriptors[%d]", parent, i)
+		if depth > MaxDepth {
+			v.errs.Add(path, "nests deeper than %d levels", MaxDepth)
+			return out
+		}
+		d := &Descriptor{
+			Key:            r.Key,
+			Value:          r.Value,
+			Path:           path,
+			Shadow:         r.ShadowMode,
+			DetailedMetric: r.DetailedMetric,
+			ValueToMetric:  r.ValueToMetric,
+			ShareThreshold: r.ShareThreshold,
+		}
+		if r.Key == "" {
+			v.errs.Add(path+".key", "is required")
+		}
+		if prev, dup := seen[[2]string{r.Key, r.Value}]; dup {
+			if r.Value == "" {
+				v.errs.Add(path, "key %q without a value is already described by %sdescriptors[%d]", r.Key, parent, prev)
+			} else {
+				v.errs.Add(path, "key %q with value %q is already described by %sdescriptors[%d]", r.Key, r.Value, parent, prev)
+			}
+		}
+		seen[[2]string{r.Key, r.Value}] = i
+		if strings.Contains(r.Value, "*") {
+			d.Wildcard = strings.Split(r.Value, "*")
+		} else if r.ShareThreshold {
+			v.errs.Add(path+".share_threshold", "applies to wildcard values (with a *), not %q", r.Value)
+		}
+		if r.RateLimit != nil {
+			d.Limit = v.rateLimit(r.RateLimit, path+".rate_limit")
+		}
+		if r.ShadowMode && d.Limit == nil {
+			v.warn(path+".shadow_mode", "has no effect without a rate_limit at this level")
+		}
+		d.Descriptors = v.descriptors(r.Descriptors, path+".", depth+1)
+		out = append(out, d)
+	}
+	return out
+}
+
+func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
+	l := &RateLimit{Name: r.Name, Unlimited: r.Unlimited}
+	for i, rep := range r.Replaces {
+		p := fmt.Sprintf("%s.replaces[%d].name", path, i)
+		switch {
+		case rep.Name == "":
+			v.errs.Add(p, "is required: the name of the rate limit to replace")
+		case rep.Name == r.Name:
+			v.errs.Add(p, "%q is this rate limit's own name", rep.Name)
+		default:
+			l.Replaces = append(l.Replaces, rep.Name)
+		}
+	}
+	if r.Unlimited {
+		// An unlimited descriptor is never counted: nothing else applies.
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{
+			{"unit", r.Unit != ""}, {"algorithm", r.Algorithm != ""}, {"mode", r.Mode != ""},
+			{"on_redis_error", r.OnRedisError != ""}, {"burst", r.Burst != 0}, {"queue", r.Queue != nil}, {"max_delay", r.MaxDelay != ""},
+		} {
+			if f.set {
+				v.errs.Add(path+"."+f.name, "has no meaning with unlimited: true")
+			}
+		}
+		if r.RequestsPerUnit != nil {
+			v.warn(path+".requests_per_unit", "is ignored with unlimited: true")
+		}
+		return l
+	}
+
+	l.Unit = strings.ToLower(r.Unit)
+	switch w, ok := Units[l.Unit]; {
+	case r.Unit == "":
+		v.errs.Add(path+".unit", "is required; choices are %s", strings.Join(unitNames, ", "))
+	case !ok:
+		v.errs.Add(path+".unit", "%q is not a unit; choices are %s", r.Unit, strings.Join(unitNames, ", "))
+	default:
+		l.Window = w
+	}
+	switch {
+	case r.RequestsPerUnit == nil:
+		v.errs.Add(path+".requests_per_unit", "is required (0 puts every request over the limit)")
+	case *r.RequestsPerUnit < 0 || *r.RequestsPerUnit > MaxRequestsPerUnit:
+		v.errs.Add(path+".requests_per_unit", "%d must be between 0 and %d", *r.RequestsPerUnit, int64(MaxRequestsPerUnit))
+	default:
+		l.RequestsPerUnit = *r.RequestsPerUnit
+	}
+
+	l.Algorithm = config.FixedWindow
+	if r.Algorithm != "" {
+		l.Algorithm = config.Algorithm(r.Algorithm)
+		if !slices.Contains(config.Algorithms, l.Algorithm) {
+			names := make([]string, len(config.Algorithms))
+			for i, a := range config.Algorithms {
+				names[i] = string(a)
+			}
+			v.errs.Add(path+".algorithm", "%q is not an algorithm; choices are %s", r.Algorithm, strings.Join(names, ", "))
+		}
+	}
+	l.Burst = r.Burst
+	if r.Burst != 0 && l.Algorithm != config.TokenBucket {
+		v.errs.Add(path+".burst", "applies to token_bucket only, not %s", l.Algorithm)
+	} else if r.Burst < 0 || r.Burst > maxBurst {
+		v.errs.Add(path+".burst", "%d must be between 0 (requests_per_unit) and %d", r.Burst, int64(maxBurst))
+	}
+	v.leakyBucket(r, path, l)
+	if l.Algorithm == config.SlidingLog && l.RequestsPerUnit > config.MaxSlidingLogLimit {
+		v.errs.Add(path+".requests_per_unit", "%d is too large for sliding_log, which keeps one entry per admitted request and key; at most %d (or use sliding_window)",
+			l.RequestsPerUnit, config.MaxSlidingLogLimit)
+	}
+
+	l.Mode = v.opts.DefaultMode
+	if l.Mode == "" {
+		l.Mode = config.ModeLocal
+	}
+	if r.Mode != "" {
+		switch m := config.Mode(r.Mode); m {
+		case config.ModeLocal, config.ModeRedis, config.ModeHybrid:
+			l.Mode = m
+		default:
+			v.errs.Add(path+".mode", "%q is not a mode; choices are local, redis, hybrid", r.Mode)
+		}
+	}
+	if l.Mode != config.ModeLocal && !v.opts.Redis {
+		v.errs.Add(path+".mode", "%q needs a redis section in the main configuration", l.Mode)
+	}
+	l.OnRedisError = config.OnErrorFallback
+	if r.OnRedisError != "" {
+		switch e := config.OnRedisError(r.OnRedisError); e {
+		case config.OnErrorFallback, config.OnErrorAllow, config.OnErrorDeny:
+			l.OnRedisError = e
+		default:
+			v.errs.Add(path+".on_redis_error", "%q is not a choice; choices are fallback, allow, deny", r.OnRedisError)
+		}
+	}
+	return l
+}
+
+// leakyBucket checks queue and max_delay, which shape a leaky_bucket.
+func (v *validator) leakyBucket(r *rawRateLimit, path string, l *RateLimit) {
+	if l.Algorithm != config.LeakyBucket {
+		if r.Queue != nil {
+			v.errs.Add(path+".queue", "applies to leaky_bucket only, not %s", l.Algorithm)
+		}
+		if r.MaxDelay != "" {
+			v.errs.Add(path+".max_delay", "applies to leaky_bucket only, not %s", l.Algorithm)
+		}
+		return
+	}
+	l.Queue = -1
+	if r.Queue != nil {
+		l.Queue = *r.Queue
+		if l.Queue < 0 || l.Queue > 100_000 {
+			v.errs.Add(path+".queue", "%d must be between 0 and 100000", l.Queue)
+		}
+	}
+	if r.MaxDelay != "" {
+		d, err := time.ParseDuration(r.MaxDelay)
+		switch {
+		case err != nil:
+			v.errs.Add(path+".max_delay", "%s is not a duration (like 10ms)", strconv.Quote(r.MaxDelay))
+		case d < 0 || d > config.MaxMaxDelay:
+			v.errs.Add(path+".max_delay", "%q must be between 0 and %s: a held request is an open ShouldRateLimit call, which Envoy's rate limit filter gives 20ms by default", r.MaxDelay, config.MaxMaxDelay)
+		default:
+			l.MaxDelay = d
+		}
+	}
+}
