@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
 	"github.com/extauthz/extauthz/internal/gctune"
+	"github.com/extauthz/extauthz/internal/httpauth"
 	"github.com/extauthz/extauthz/internal/metrics"
 	"github.com/extauthz/extauthz/internal/quota/local"
 )
@@ -61,7 +63,7 @@ func runServe(e env, args []string) (int, error) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&f.drainDelay, "drain-delay", 0, "on SIGTERM, report NOT_SERVING this long before closing listeners")
-	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM, wait this long for in-flight Checks before stopping")
+	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM, wait this long for in-flight Checks (gRPC and HTTP) before stopping")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ on the admin address")
 	fs.IntVar(&f.sampleLog, "decision-log-every", 100, "with -log-level debug, log one decision in this many (0: none)")
 	if err := fs.Parse(args); err != nil {
@@ -118,14 +120,15 @@ func newLogger(e env, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("-log-format %q: choices are text, json", format)
 }
 
-// sidecar is the running process: servers, the Check service, the caches.
+// sidecar is the running process: servers, the doors, the caches.
 type sidecar struct {
 	flags   serveFlags
 	log     *slog.Logger
 	reg     *prometheus.Registry
 	reloads *prometheus.CounterVec // configuration reloads by result
-	checks  *check.Server
+	running *engine.Running        // the configuration both doors decide with
 	grpc    *grpc.Server
+	http    *http.Server // the HTTP door; nil without listen.http
 	health  *health.Server
 	admin   *http.Server
 	ready   atomic.Bool
@@ -158,12 +161,27 @@ func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, e
 		limiters[config.ModeHybrid] = s.redis.hybridMode
 	}
 	metrics.Tables(reg, tables)
-	srv, err := check.New(cfg, limiters, engine.NewMetrics(reg), check.WithDecisionLog(log, f.sampleLog))
+	// One compiled configuration for both doors: a reload compiles once.
+	s.running, err = engine.NewRunning(cfg, limiters, engine.NewMetrics(reg), engine.WithWarnings(log))
 	if err != nil {
 		s.redis.close(log)
 		return nil, err
 	}
-	s.checks = srv
+	srv := check.NewServer(s.running, check.WithDecisionLog(log, f.sampleLog))
+	if cfg.Listen.HTTP != "" {
+		s.http = &http.Server{
+			Handler: httpauth.New(s.running, httpauth.WithLog(log)),
+			// Proxies keep connections to the door open between auth
+			// requests; they close idle ones first (nginx's upstream
+			// keepalive_timeout is 60s), so a request never races our close.
+			IdleTimeout:       5 * time.Minute,
+			ReadHeaderTimeout: 10 * time.Second,
+			// Go's default, stated: far above what the proxies pass on
+			// (Envoy 60 KiB, nginx 32 KiB of headers by default).
+			MaxHeaderBytes: http.DefaultMaxHeaderBytes,
+			ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
+	}
 	opts := check.ServerOptions()
 	if cfg.Listen.TLS != nil {
 		tc, err := serverTLS(cfg.Listen.TLS)
@@ -195,36 +213,53 @@ func listen(addr string) (net.Listener, error) {
 }
 
 func (s *sidecar) run() (int, error) {
-	cfg := s.checks.Config()
+	cfg := s.running.Config()
 	glis, err := listen(cfg.Listen.GRPC)
 	if err != nil {
 		return 1, fmt.Errorf("listen.grpc: %w", err)
 	}
-	var alis net.Listener
+	var hlis, alis net.Listener
+	if s.http != nil {
+		hlis, err = listen(cfg.Listen.HTTP)
+		if err != nil {
+			glis.Close()
+			return 1, fmt.Errorf("listen.http: %w", err)
+		}
+	}
 	if cfg.Listen.Admin != "" {
 		alis, err = listen(cfg.Listen.Admin)
 		if err != nil {
 			glis.Close()
+			if hlis != nil {
+				hlis.Close()
+			}
 			return 1, fmt.Errorf("listen.admin: %w", err)
 		}
 		s.admin = &http.Server{Handler: s.adminMux(), ReadHeaderTimeout: 5 * time.Second}
 	}
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- s.grpc.Serve(glis) }()
+	serveHTTP := func(srv *http.Server, lis net.Listener) {
+		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}
+	if s.http != nil {
+		go serveHTTP(s.http, hlis)
+	}
 	if s.admin != nil {
-		go func() {
-			if err := s.admin.Serve(alis); !errors.Is(err, http.ErrServerClosed) {
-				errc <- err
-			}
-		}()
+		go serveHTTP(s.admin, alis)
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.ready.Store(true)
-	adminAddr := ""
+	adminAddr, httpAddr := "", ""
 	if alis != nil {
 		adminAddr = alis.Addr().String()
+	}
+	if hlis != nil {
+		httpAddr = hlis.Addr().String()
 	}
 	// Signals and the file watch are in place before "serving" is logged:
 	// whoever waits for that line may signal or edit at once.
@@ -249,7 +284,7 @@ func (s *sidecar) run() (int, error) {
 	if cfg.Redis != nil {
 		redisAddrs = strings.Join(cfg.Redis.Addrs, ",")
 	}
-	s.log.Info("serving", "grpc", glis.Addr().String(), "admin", adminAddr,
+	s.log.Info("serving", "grpc", glis.Addr().String(), "http", httpAddr, "admin", adminAddr,
 		"config", cfg.Source, "policies", len(cfg.Policies), "default_mode", string(cfg.DefaultMode),
 		"redis", redisAddrs, "client_keys", len(cfg.Clients.Keys), "max_keys", cfg.Local.MaxKeys, "version", buildVersion())
 
@@ -273,15 +308,15 @@ func (s *sidecar) run() (int, error) {
 // reload re-reads the configuration file. An invalid file keeps the running
 // configuration. Reloads run one at a time, on the main loop.
 func (s *sidecar) reload(why string) {
-	src := s.checks.Config().Source
+	src := s.running.Config().Source
 	if src == config.EmbeddedSource {
 		s.log.Warn("reload ignored: serving the embedded default configuration, not a file")
 		return
 	}
-	running := s.checks.Config()
+	running := s.running.Config()
 	cfg, err := config.Load(src)
 	if err == nil {
-		err = s.checks.Update(cfg)
+		err = s.running.Update(cfg)
 	}
 	if err == nil {
 		warnRestartOnly(s.log, running, cfg)
@@ -316,7 +351,8 @@ func warnRestartOnly(log *slog.Logger, running, next *config.Config) {
 }
 
 // shutdown reports NOT_SERVING, waits out the drain delay, then stops
-// gracefully within the grace period. A second signal stops at once.
+// both doors gracefully within the grace period: no new connections, and
+// requests in flight answered. A second signal stops at once.
 func (s *sidecar) shutdown(sigs <-chan os.Signal) int {
 	s.ready.Store(false)
 	s.health.Shutdown() // every service NOT_SERVING
@@ -324,17 +360,27 @@ func (s *sidecar) shutdown(sigs <-chan os.Signal) int {
 		select {
 		case <-time.After(s.flags.drainDelay):
 		case <-sigs:
-			s.grpc.Stop()
+			s.stopNow()
 			return 1
 		}
 	}
 	done := make(chan struct{})
-	go func() { s.grpc.GracefulStop(); close(done) }()
-	force := time.AfterFunc(s.flags.grace, s.grpc.Stop)
+	go func() {
+		var wg sync.WaitGroup
+		wg.Go(s.grpc.GracefulStop)
+		if s.http != nil {
+			// Closes the listener and idle connections, then waits for
+			// requests in flight; stopNow cuts it short.
+			wg.Go(func() { s.http.Shutdown(context.Background()) })
+		}
+		wg.Wait()
+		close(done)
+	}()
+	force := time.AfterFunc(s.flags.grace, s.stopNow)
 	select {
 	case <-done:
 	case <-sigs:
-		s.grpc.Stop()
+		s.stopNow()
 		<-done
 	}
 	force.Stop()
@@ -346,6 +392,14 @@ func (s *sidecar) shutdown(sigs <-chan os.Signal) int {
 	}
 	s.log.Info("stopped")
 	return 0
+}
+
+// stopNow closes both doors and every connection at once.
+func (s *sidecar) stopNow() {
+	s.grpc.Stop()
+	if s.http != nil {
+		s.http.Close()
+	}
 }
 
 func (s *sidecar) adminMux() *http.ServeMux {
