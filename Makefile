@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test test-unit lint fuzz redis-server nginx bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down demo
+.PHONY: all build run test test-unit lint fuzz redis-server nginx test-caddy bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down demo
 IMAGE   ?= extauthz:dev
 
 # go-control-plane ships generated marshallers (vtprotobuf) behind this
@@ -23,7 +23,7 @@ run:
 
 # The whole suite: formatting, vet, tidiness, unit tests and the end-to-end
 # tests that build the binary and start their own redis-server processes.
-test: redis-server nginx lint test-deploy fuzz
+test: redis-server nginx lint test-deploy test-caddy fuzz
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 # The fast lane: the product packages' own tests, in seconds, with no Redis
@@ -52,6 +52,7 @@ lint:
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
 	cd tests/deploy && $(GO) mod tidy -diff
+	cd tests/caddy && $(GO) mod tidy -diff
 
 # Tests start redis-server themselves; install it where missing (Debian).
 redis-server:
@@ -85,6 +86,12 @@ bench-micro: redis-server
 # of the product's dependencies.
 test-deploy:
 	cd tests/deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# proxies/caddy/Caddyfile in a real Caddy, built from its Go module in a
+# module of its own (tests/caddy), so Caddy stays out of the product's
+# dependencies. The first run compiles Caddy: minutes on two cores.
+test-caddy:
+	cd tests/caddy && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # The whole story in one command: a redis-server and three replicas of the
 # real binary on loopback, the seed scenario beside every algorithm, and the
