@@ -1,13 +1,13 @@
 package httpauth
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"path"
 	"strings"
 
-	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
 )
 
@@ -53,8 +53,10 @@ type badRequest struct {
 	detail string
 }
 
-// newRequest reads the original request that r describes into at.
-func newRequest(r *http.Request, h *config.HTTP, at *engine.Request) (convention, *badRequest) {
+// newRequest reads the original request that r describes into at, its
+// headers into hm (empty). c holds the configured nginx header names in
+// Go's canonical form and the headers decisions read.
+func newRequest(r *http.Request, c *compiled, hm map[string]string, at *engine.Request) (convention, *badRequest) {
 	// The escaped path is the request-target as sent (Go decodes Path).
 	target := r.URL.EscapedPath()
 	var conv convention
@@ -71,7 +73,7 @@ func newRequest(r *http.Request, h *config.HTTP, at *engine.Request) (convention
 			NginxPath + " (nginx auth_request) and " + ForwardAuthPath + " (Traefik, Caddy)."}
 	}
 
-	at.Headers = flatten(r.Header)
+	at.Headers = c.headers(r.Header, hm)
 	at.Peer = peerIP(r.RemoteAddr)
 	switch conv {
 	case envoy:
@@ -85,11 +87,11 @@ func newRequest(r *http.Request, h *config.HTTP, at *engine.Request) (convention
 		}
 		at.Host = engine.NormalizeHost(r.Host)
 	case nginx:
-		uri, bad := single(r.Header, h.URIHeader, "the original request URI: proxy_set_header "+h.URIHeader+" $request_uri;")
+		uri, bad := single(r.Header, c.uriKey, c.uriName, "the original request URI: proxy_set_header %s $request_uri;")
 		if bad != nil {
 			return conv, bad
 		}
-		method, bad := single(r.Header, h.MethodHeader, "the original method: proxy_set_header "+h.MethodHeader+" $request_method;")
+		method, bad := single(r.Header, c.methodKey, c.methodName, "the original method: proxy_set_header %s $request_method;")
 		if bad != nil {
 			return conv, bad
 		}
@@ -102,15 +104,15 @@ func newRequest(r *http.Request, h *config.HTTP, at *engine.Request) (convention
 		at.Path = NormalizePath(uri)
 		at.Host = engine.NormalizeHost(host)
 	case forwardAuth:
-		method, bad := single(r.Header, forwardedMethod, "the original method")
+		method, bad := single(r.Header, forwardedMethod, forwardedMethod, "the original method")
 		if bad != nil {
 			return conv, bad
 		}
-		uri, bad := single(r.Header, forwardedURI, "the original request URI")
+		uri, bad := single(r.Header, forwardedURI, forwardedURI, "the original request URI")
 		if bad != nil {
 			return conv, bad
 		}
-		host, bad := single(r.Header, forwardedHost, "the original host")
+		host, bad := single(r.Header, forwardedHost, forwardedHost, "the original host")
 		if bad != nil {
 			return conv, bad
 		}
@@ -121,16 +123,21 @@ func newRequest(r *http.Request, h *config.HTTP, at *engine.Request) (convention
 	return conv, nil
 }
 
-// single returns the one value of header name. None, or several (a client
-// sent its own and the proxy added one rather than replacing it), is a
-// misconfigured proxy: deciding on a guess could match the wrong policies.
-func single(h http.Header, name, what string) (string, *badRequest) {
-	vs := h.Values(name)
+// single returns the one value of the header whose canonical key is key
+// (name is how messages spell it). None, or several (a client sent its
+// own and the proxy added one rather than replacing it), is a
+// misconfigured proxy: deciding on a guess could match the wrong
+// policies. what says what the header carries; a %s in it stands for name.
+func single(h http.Header, key, name, what string) (string, *badRequest) {
+	vs := h[key]
 	switch {
 	case len(vs) == 1 && vs[0] != "":
 		return vs[0], nil
 	case len(vs) > 1:
 		return "", &badRequest{http.StatusBadRequest, "Header " + name + " is repeated: the proxy must replace the client's, not add another."}
+	}
+	if strings.Contains(what, "%s") {
+		what = fmt.Sprintf(what, name)
 	}
 	return "", &badRequest{http.StatusBadRequest, "Header " + name + " is missing: the proxy must send " + what + "."}
 }
@@ -146,45 +153,6 @@ func absoluteURL(s string) (*url.URL, bool) {
 	}
 	return u, true
 }
-
-// flatten turns Go's header map into the engine's: lower-case names, and
-// repeated headers joined with commas as Envoy joins them.
-func flatten(h http.Header) map[string]string {
-	m := make(map[string]string, len(h))
-	for k, vs := range h {
-		switch len(vs) {
-		case 0:
-		case 1:
-			m[lower(k)] = vs[0]
-		default:
-			m[lower(k)] = strings.Join(vs, ",")
-		}
-	}
-	return m
-}
-
-// lower returns Go's canonical header name in lower case, without
-// allocating for the names proxies send on every auth request.
-func lower(k string) string {
-	if l, ok := commonLower[k]; ok {
-		return l
-	}
-	return strings.ToLower(k)
-}
-
-var commonLower = func() map[string]string {
-	m := map[string]string{}
-	for _, k := range []string{
-		"Accept", "Accept-Encoding", "Authorization", "Connection", "Content-Length", "Content-Type",
-		"User-Agent", "X-Api-Key", "X-Client-Id", "X-Forwarded-For", "X-Forwarded-Host",
-		"X-Forwarded-Method", "X-Forwarded-Proto", "X-Forwarded-Uri", "X-Original-Method",
-		"X-Original-Uri", "X-Original-Url", "X-Real-Ip", "X-Request-Id", "X-Envoy-Expected-Rq-Timeout-Ms",
-		"X-Envoy-Internal",
-	} {
-		m[k] = strings.ToLower(k)
-	}
-	return m
-}()
 
 // peerIP is the IP of the proxy's connection: "" on a unix socket.
 func peerIP(remote string) string {

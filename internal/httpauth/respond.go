@@ -53,11 +53,11 @@ var deniedNames = map[string]string{
 // copy to the client and to the upstream. Envoy also removes, on our word,
 // the credential (clients.strip) and, for an anonymous caller, any
 // x-client-id it sent; the other proxies' configurations do both.
-func allow(w http.ResponseWriter, conv convention, v *engine.Verdict, cfg *config.Config) {
+func allow(w http.ResponseWriter, conv convention, v *engine.Verdict, c *compiled, cfg *config.Config) {
 	h := w.Header()
 	if t := v.Tightest(); t != nil {
 		d := &t.Decision
-		h[hRateLimitPolicy] = []string{t.Limit.Header}
+		h[hRateLimitPolicy] = c.policyVals[t.Limit.Index]
 		h[hRateLimit] = []string{engine.RateLimitHeader(t.Policy.Name, d.Remaining, d.ResetAfter)}
 		if cfg.Headers.Legacy {
 			for _, kv := range engine.LegacyHeaders(d.Limit, d.Remaining, d.ResetAfter) {
@@ -66,7 +66,7 @@ func allow(w http.ResponseWriter, conv convention, v *engine.Verdict, cfg *confi
 		}
 	}
 	if v.Client != nil {
-		h[ClientIDHeader] = []string{v.Client.ID}
+		h[ClientIDHeader] = c.clientVals[v.Client.Index]
 	}
 	if conv == envoy {
 		var remove []string
@@ -80,8 +80,7 @@ func allow(w http.ResponseWriter, conv convention, v *engine.Verdict, cfg *confi
 			h[envoyRemove] = []string{strings.Join(remove, ",")}
 		}
 	}
-	h[hContentLength] = []string{"0"}
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(http.StatusOK) // net/http adds Content-Length: 0
 }
 
 // deny writes a verdict that is not OK: 429 with Retry-After and the
