@@ -192,18 +192,25 @@ func NormalizePath(target string) string {
 // decodeUnreserved decodes the percent-encoded octets that stand for
 // RFC 3986 unreserved characters (letters, digits, - . _ ~), and
 // upper-cases the hex digits of the others, which stay encoded (%2f and
-// %2F alike: an encoded slash is not a separator).
+// %2F alike: an encoded slash is not a separator). A '%' that starts no
+// escape is itself encoded, %25, as a server that takes it literally
+// reads it: otherwise decoding "%2%44" would make "%2D", an escape the
+// client never sent, and normalising twice would differ from once.
 func decodeUnreserved(s string) string {
 	i := strings.IndexByte(s, '%')
 	if i < 0 {
 		return s
 	}
-	b := make([]byte, 0, len(s))
+	b := make([]byte, 0, len(s)+4)
 	b = append(b, s[:i]...)
 	for ; i < len(s); i++ {
 		c := s[i]
-		if c != '%' || i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+		if c != '%' {
 			b = append(b, c)
+			continue
+		}
+		if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+			b = append(b, "%25"...)
 			continue
 		}
 		v := unhex(s[i+1])<<4 | unhex(s[i+2])
