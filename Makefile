@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test test-unit lint fuzz redis-server bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down demo
+.PHONY: all build run test test-unit lint fuzz redis-server nginx test-caddy bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down demo
 IMAGE   ?= extauthz:dev
 
 # go-control-plane ships generated marshallers (vtprotobuf) behind this
@@ -23,7 +23,7 @@ run:
 
 # The whole suite: formatting, vet, tidiness, unit tests and the end-to-end
 # tests that build the binary and start their own redis-server processes.
-test: redis-server lint test-deploy fuzz
+test: redis-server nginx lint test-deploy test-caddy fuzz
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 # The fast lane: the product packages' own tests, in seconds, with no Redis
@@ -52,12 +52,23 @@ lint:
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
 	cd tests/deploy && $(GO) mod tidy -diff
+	cd tests/caddy && $(GO) mod tidy -diff
 
 # Tests start redis-server themselves; install it where missing (Debian).
 redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
 		echo "redis-server not found: installing it (apt-get)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+
+# tests/nginx_test.go runs the shipped proxies/nginx config in a real nginx
+# with the auth_request module: Debian's nginx package has it built in
+# (nginx-light only adds the echo module to it). Installed where missing.
+nginx:
+	@{ command -v nginx || ls /usr/sbin/nginx; } >/dev/null 2>&1 || { \
+		echo "nginx not found: installing it (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx; }
+	@{ nginx -V 2>&1 || /usr/sbin/nginx -V 2>&1; } | grep -q -- --with-http_auth_request_module || { \
+		echo "nginx lacks the auth_request module (nginx -V); install Debian's nginx package"; exit 1; }
 
 # One table from one run: Check over gRPC for a no-op ceiling and the local,
 # hybrid and redis modes, Redis calls per 1,000 hybrid decisions, memory per
@@ -75,6 +86,12 @@ bench-micro: redis-server
 # of the product's dependencies.
 test-deploy:
 	cd tests/deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# proxies/caddy/Caddyfile in a real Caddy, built from its Go module in a
+# module of its own (tests/caddy), so Caddy stays out of the product's
+# dependencies. The first run compiles Caddy: minutes on two cores.
+test-caddy:
+	cd tests/caddy && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # The whole story in one command: a redis-server and three replicas of the
 # real binary on loopback, the seed scenario beside every algorithm, and the

@@ -80,6 +80,7 @@ type sidecar struct {
 	t      *testing.T
 	cmd    *exec.Cmd
 	GRPC   string // host:port
+	HTTP   string // host:port of the HTTP door; "" when listen.http is off
 	Admin  string // host:port
 	Client authv3.AuthorizationClient
 	conn   *grpc.ClientConn
@@ -182,6 +183,7 @@ func startProcess(t *testing.T, bin, path string, env []string, extraArgs ...str
 			t.Fatalf("extauthz exited before serving:\n%s", s.logs)
 		}
 		s.GRPC, _ = rec["grpc"].(string)
+		s.HTTP, _ = rec["http"].(string)
 		s.Admin, _ = rec["admin"].(string)
 	case <-time.After(30 * time.Second):
 		s.cmd.Process.Kill()

@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
 	"github.com/extauthz/extauthz/internal/gctune"
+	"github.com/extauthz/extauthz/internal/httpauth"
 	"github.com/extauthz/extauthz/internal/metrics"
 	"github.com/extauthz/extauthz/internal/quota/local"
 	"github.com/extauthz/extauthz/internal/rls"
@@ -65,7 +67,7 @@ func runServe(e env, args []string) (int, error) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&f.drainDelay, "drain-delay", 0, "on SIGTERM, report NOT_SERVING this long before closing listeners")
-	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM, wait this long for in-flight Checks before stopping")
+	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM, wait this long for in-flight Checks (gRPC and HTTP) before stopping")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ on the admin address")
 	fs.IntVar(&f.sampleLog, "decision-log-every", 100, "with -log-level debug, log one decision in this many (0: none)")
 	if err := fs.Parse(args); err != nil {
@@ -129,15 +131,16 @@ func newLogger(e env, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("-log-format %q: choices are text, json", format)
 }
 
-// sidecar is the running process: servers, the Check service, the caches.
+// sidecar is the running process: servers, the doors, the caches.
 type sidecar struct {
 	flags   serveFlags
 	log     *slog.Logger
 	reg     *prometheus.Registry
 	reloads *prometheus.CounterVec // configuration reloads by result
-	checks  *check.Server
+	running *engine.Running        // the configuration Check and the HTTP door decide with
 	rls     *rls.Server
 	grpc    *grpc.Server
+	http    *http.Server // the HTTP door; nil without listen.http
 	health  *health.Server
 	admin   *http.Server
 	ready   atomic.Bool
@@ -175,18 +178,33 @@ func newSidecar(cfg *config.Config, rc *rlsconfig.Config, f serveFlags, log *slo
 	}
 	metrics.Tables(reg, tables)
 	// One engine's metrics for every door: decisions count by policy
-	// whichever door asked, and requests by door.
+	// whichever door asked, and requests by door. Check and the HTTP door
+	// share one compiled configuration: a reload compiles it once.
 	m := engine.NewMetrics(reg)
-	srv, err := check.New(cfg, limiters, m, check.WithDecisionLog(log, f.sampleLog))
+	s.running, err = engine.NewRunning(cfg, limiters, m, engine.WithWarnings(log))
 	if err != nil {
 		s.redis.close(log)
 		return nil, err
 	}
-	s.checks = srv
 	s.rls, err = rls.New(cfg, rc, limiters, m, rls.WithLog(log), rls.WithMetrics(rls.NewMetrics(reg)))
 	if err != nil {
 		s.redis.close(log)
 		return nil, err
+	}
+	srv := check.NewServer(s.running, check.WithDecisionLog(log, f.sampleLog))
+	if cfg.Listen.HTTP != "" {
+		s.http = &http.Server{
+			Handler: httpauth.New(s.running, httpauth.WithLog(log)),
+			// Proxies keep connections to the door open between auth
+			// requests; they close idle ones first (nginx's upstream
+			// keepalive_timeout is 60s), so a request never races our close.
+			IdleTimeout:       5 * time.Minute,
+			ReadHeaderTimeout: 10 * time.Second,
+			// Go's default, stated: far above what the proxies pass on
+			// (Envoy 60 KiB, nginx 32 KiB of headers by default).
+			MaxHeaderBytes: http.DefaultMaxHeaderBytes,
+			ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
 	}
 	opts := check.ServerOptions()
 	if cfg.Listen.TLS != nil {
@@ -220,37 +238,54 @@ func listen(addr string) (net.Listener, error) {
 }
 
 func (s *sidecar) run() (int, error) {
-	cfg := s.checks.Config()
+	cfg := s.running.Config()
 	glis, err := listen(cfg.Listen.GRPC)
 	if err != nil {
 		return 1, fmt.Errorf("listen.grpc: %w", err)
 	}
-	var alis net.Listener
+	var hlis, alis net.Listener
+	if s.http != nil {
+		hlis, err = listen(cfg.Listen.HTTP)
+		if err != nil {
+			glis.Close()
+			return 1, fmt.Errorf("listen.http: %w", err)
+		}
+	}
 	if cfg.Listen.Admin != "" {
 		alis, err = listen(cfg.Listen.Admin)
 		if err != nil {
 			glis.Close()
+			if hlis != nil {
+				hlis.Close()
+			}
 			return 1, fmt.Errorf("listen.admin: %w", err)
 		}
 		s.admin = &http.Server{Handler: s.adminMux(), ReadHeaderTimeout: 5 * time.Second}
 	}
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- s.grpc.Serve(glis) }()
+	serveHTTP := func(srv *http.Server, lis net.Listener) {
+		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}
+	if s.http != nil {
+		go serveHTTP(s.http, hlis)
+	}
 	if s.admin != nil {
-		go func() {
-			if err := s.admin.Serve(alis); !errors.Is(err, http.ErrServerClosed) {
-				errc <- err
-			}
-		}()
+		go serveHTTP(s.admin, alis)
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.ready.Store(true)
-	adminAddr := ""
+	adminAddr, httpAddr := "", ""
 	if alis != nil {
 		adminAddr = alis.Addr().String()
+	}
+	if hlis != nil {
+		httpAddr = hlis.Addr().String()
 	}
 	// Signals and the file watch are in place before "serving" is logged:
 	// whoever waits for that line may signal or edit at once.
@@ -269,7 +304,7 @@ func (s *sidecar) run() (int, error) {
 	if cfg.Redis != nil {
 		redisAddrs = strings.Join(cfg.Redis.Addrs, ",")
 	}
-	s.log.Info("serving", "grpc", glis.Addr().String(), "admin", adminAddr,
+	s.log.Info("serving", "grpc", glis.Addr().String(), "http", httpAddr, "admin", adminAddr,
 		"config", cfg.Source, "policies", len(cfg.Policies), "default_mode", string(cfg.DefaultMode),
 		"redis", redisAddrs, "client_keys", len(cfg.Clients.Keys), "max_keys", cfg.Local.MaxKeys,
 		"rls_domains", rlsDomains(s.rls.Config()), "version", buildVersion())
@@ -295,12 +330,12 @@ func (s *sidecar) run() (int, error) {
 // domain files. An invalid file keeps the running configuration of every
 // door. Reloads run one at a time, on the main loop.
 func (s *sidecar) reload(why string) {
-	src := s.checks.Config().Source
+	src := s.running.Config().Source
 	if src == config.EmbeddedSource {
 		s.log.Warn("reload ignored: serving the embedded default configuration, not a file")
 		return
 	}
-	running := s.checks.Config()
+	running := s.running.Config()
 	cfg, err := config.Load(src)
 	var rc *rlsconfig.Config
 	if err == nil {
@@ -311,7 +346,9 @@ func (s *sidecar) reload(why string) {
 		commitRLS, err = s.rls.Prepare(cfg, rc)
 	}
 	if err == nil {
-		err = s.checks.Update(cfg)
+		// Check and the HTTP door swap now; the rate limit service, prepared
+		// above, only once they did, so every door changes or none does.
+		err = s.running.Update(cfg)
 	}
 	if err != nil {
 		s.reloads.WithLabelValues("failure").Inc()
@@ -400,7 +437,8 @@ func warnRestartOnly(log *slog.Logger, running, next *config.Config) {
 }
 
 // shutdown reports NOT_SERVING, waits out the drain delay, then stops
-// gracefully within the grace period. A second signal stops at once.
+// both doors gracefully within the grace period: no new connections, and
+// requests in flight answered. A second signal stops at once.
 func (s *sidecar) shutdown(sigs <-chan os.Signal) int {
 	s.ready.Store(false)
 	s.health.Shutdown() // every service NOT_SERVING
@@ -408,17 +446,27 @@ func (s *sidecar) shutdown(sigs <-chan os.Signal) int {
 		select {
 		case <-time.After(s.flags.drainDelay):
 		case <-sigs:
-			s.grpc.Stop()
+			s.stopNow()
 			return 1
 		}
 	}
 	done := make(chan struct{})
-	go func() { s.grpc.GracefulStop(); close(done) }()
-	force := time.AfterFunc(s.flags.grace, s.grpc.Stop)
+	go func() {
+		var wg sync.WaitGroup
+		wg.Go(s.grpc.GracefulStop)
+		if s.http != nil {
+			// Closes the listener and idle connections, then waits for
+			// requests in flight; stopNow cuts it short.
+			wg.Go(func() { s.http.Shutdown(context.Background()) })
+		}
+		wg.Wait()
+		close(done)
+	}()
+	force := time.AfterFunc(s.flags.grace, s.stopNow)
 	select {
 	case <-done:
 	case <-sigs:
-		s.grpc.Stop()
+		s.stopNow()
 		<-done
 	}
 	force.Stop()
@@ -430,6 +478,14 @@ func (s *sidecar) shutdown(sigs <-chan os.Signal) int {
 	}
 	s.log.Info("stopped")
 	return 0
+}
+
+// stopNow closes both doors and every connection at once.
+func (s *sidecar) stopNow() {
+	s.grpc.Stop()
+	if s.http != nil {
+		s.http.Close()
+	}
 }
 
 func (s *sidecar) adminMux() *http.ServeMux {

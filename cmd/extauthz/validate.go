@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/httpauth"
 	"github.com/extauthz/extauthz/internal/rlsconfig"
 )
 
@@ -127,8 +128,12 @@ func printSummary(w io.Writer, cfg *config.Config) {
 	if cfg.Redis != nil {
 		store = strings.Join(cfg.Redis.Addrs, ",")
 	}
-	fmt.Fprintf(w, "grpc %s, admin %s, redis %s, %d client keys, local cache %d keys\n",
-		cfg.Listen.GRPC, orNone(cfg.Listen.Admin), store, len(cfg.Clients.Keys), cfg.Local.MaxKeys)
+	fmt.Fprintf(w, "grpc %s, http %s, admin %s, redis %s, %d client keys, local cache %d keys\n",
+		cfg.Listen.GRPC, orNone(cfg.Listen.HTTP), orNone(cfg.Listen.Admin), store, len(cfg.Clients.Keys), cfg.Local.MaxKeys)
+	if cfg.Listen.HTTP != "" {
+		fmt.Fprintf(w, "http door: %s/… (Envoy http_service), %s (nginx auth_request: headers %s, %s), %s (Traefik, Caddy)\n",
+			httpauth.EnvoyPrefix, httpauth.NginxPath, cfg.HTTP.URIHeader, cfg.HTTP.MethodHeader, httpauth.ForwardAuthPath)
+	}
 	if len(cfg.Policies) == 0 {
 		fmt.Fprintln(w, "no policies: every Check is allowed")
 		return

@@ -27,12 +27,13 @@ const Door = "grpc"
 type Server struct {
 	authv3.UnimplementedAuthorizationServer
 
-	limiters engine.Limiters
-	metrics  *engine.Metrics
-	door     *engine.Door
-	now      func() time.Time
-	engOpts  []engine.Option
-	current  atomic.Pointer[compiled]
+	running *engine.Running // the configuration in force, shared with the other doors
+	door    *engine.Door
+	now     func() time.Time
+	engOpts []engine.Option // for New's own Running
+	// current is the running Engine with the response parts this door
+	// renders for it, rendered on the first Check after each swap.
+	current atomic.Pointer[compiled]
 
 	log         *slog.Logger // sampled decision log, at debug level
 	sampleEvery uint64       // log one decision in this many; 0: none
@@ -55,6 +56,8 @@ func WithClock(now func() time.Time) Option { return func(s *Server) { s.now = n
 
 // WithHold replaces how an admitted request is held until its leaky bucket
 // slot (a timer by default). Tests pass a recorder, so no test sleeps.
+// It applies to the configuration New compiles; a Server made by
+// NewServer decides with its Running's own options.
 func WithHold(hold engine.HoldFunc) Option {
 	return func(s *Server) { s.engOpts = append(s.engOpts, engine.WithHold(hold)) }
 }
@@ -63,7 +66,8 @@ func WithHold(hold engine.HoldFunc) Option {
 // log is enabled for debug: the outcome, client id, policy, remaining count
 // and latency. Never the API key or the partition key. Whatever `every`
 // is, log also receives a warning, once per configuration, when a request
-// matches more than engine.MaxPoliciesPerRequest policies.
+// matches more than engine.MaxPoliciesPerRequest policies (with New; with
+// NewServer, give the Running engine.WithWarnings).
 func WithDecisionLog(log *slog.Logger, every int) Option {
 	return func(s *Server) {
 		s.engOpts = append(s.engOpts, engine.WithWarnings(log))
@@ -76,31 +80,49 @@ func WithDecisionLog(log *slog.Logger, every int) Option {
 }
 
 // New returns a Server enforcing cfg with the given limiters, one per mode
-// the configuration uses.
+// the configuration uses, in a Running of its own: a door alone.
 func New(cfg *config.Config, limiters engine.Limiters, m *engine.Metrics, opts ...Option) (*Server, error) {
-	s := &Server{limiters: limiters, metrics: m, door: m.Door(Door)}
+	s := &Server{}
 	for _, o := range opts {
 		o(s)
 	}
-	if err := s.Update(cfg); err != nil {
+	running, err := engine.NewRunning(cfg, limiters, m, s.engOpts...)
+	if err != nil {
 		return nil, err
 	}
-	return s, nil
+	return NewServer(running, opts...), nil
 }
 
-// Update compiles cfg and makes it the running configuration. On error the
-// running configuration stays.
-func (s *Server) Update(cfg *config.Config) error {
-	eng, err := engine.Compile(cfg, s.limiters, s.metrics, s.engOpts...)
-	if err != nil {
-		return err
+// NewServer returns a Server deciding with running, the configuration the
+// process's doors share: a reload compiles it once for all of them.
+func NewServer(running *engine.Running, opts ...Option) *Server {
+	s := &Server{running: running, door: running.Metrics().Door(Door)}
+	for _, o := range opts {
+		o(s)
 	}
-	s.current.Store(&compiled{eng: eng, pre: prerender(eng)})
-	return nil
+	return s
 }
+
+// Update compiles cfg and makes it the running configuration, for every
+// door sharing it. On error the running configuration stays.
+func (s *Server) Update(cfg *config.Config) error { return s.running.Update(cfg) }
 
 // Config returns the running configuration.
-func (s *Server) Config() *config.Config { return s.current.Load().eng.Config() }
+func (s *Server) Config() *config.Config { return s.running.Config() }
+
+// compiled returns the running Engine with this door's parts rendered for
+// it. After a swap, the first Checks render them (concurrent ones may
+// each do so; the last store wins, and a stale one is replaced at the
+// next Check).
+func (s *Server) compiled() *compiled {
+	eng := s.running.Engine()
+	if c := s.current.Load(); c != nil && c.eng == eng {
+		return c
+	}
+	c := &compiled{eng: eng, pre: prerender(eng)}
+	s.current.Store(c)
+	return c
+}
 
 // Check implements envoy.service.auth.v3.Authorization.
 func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
@@ -109,7 +131,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	if s.now != nil {
 		now = s.now()
 	}
-	c := s.current.Load()
+	c := s.compiled()
 	r := newRequest(req)
 	var v engine.Verdict
 	err := c.eng.Decide(ctx, &r, now, &v)

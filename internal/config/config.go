@@ -75,6 +75,7 @@ type Config struct {
 	Local         Local
 	IPTrustedHops int
 	Headers       Headers
+	HTTP          HTTP
 	Fallback      Fallback
 	Clients       Clients
 	Plans         map[string]Plan
@@ -89,6 +90,10 @@ type Listen struct {
 	GRPC       string // host:port or unix:///path
 	Admin      string // host:port for /metrics, /healthz, /readyz; "" disables
 	Reflection bool   // register gRPC server reflection
+	// HTTP is the HTTP authorization endpoint for Envoy's http_service,
+	// nginx auth_request and forward-auth proxies: host:port or
+	// unix:///path; "" (the default) disables it.
+	HTTP string
 	// TLS serves gRPC over TLS (mTLS with ClientCAFile), for deployments
 	// where Envoy does not reach the sidecar over loopback; nil: plaintext.
 	TLS *ServerTLS
@@ -142,6 +147,15 @@ type RLS struct {
 // Headers holds response header options.
 type Headers struct {
 	Legacy bool // also send X-RateLimit-Limit/Remaining/Reset
+}
+
+// HTTP holds what the HTTP door reads of an nginx auth_request
+// subrequest: nginx always sends it as GET to the URI its configuration
+// names, so the original method and URI travel in headers the
+// configuration sets. Names are lower case.
+type HTTP struct {
+	URIHeader    string // the original request URI (or an absolute URL)
+	MethodHeader string // the original request method
 }
 
 // Fallback holds the settings of local fallback while Redis is down.

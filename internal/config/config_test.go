@@ -61,6 +61,9 @@ func TestFullExample(t *testing.T) {
 	if c.DefaultMode != ModeHybrid || c.Local.MaxKeys != 100000 || c.Local.SliceIdle != time.Second {
 		t.Fatalf("mode/local = %v %+v", c.DefaultMode, c.Local)
 	}
+	if c.Listen.HTTP != "127.0.0.1:9002" || c.HTTP != (HTTP{URIHeader: "x-original-url", MethodHeader: "x-original-method"}) {
+		t.Fatalf("listen.http, http = %q, %+v", c.Listen.HTTP, c.HTTP)
+	}
 	if c.Fallback.PeerTTL != 15*time.Second || c.Fallback.MinPeers != 1 {
 		t.Fatalf("fallback = %+v", c.Fallback)
 	}
@@ -100,7 +103,8 @@ func TestDefaultsAndEmbedded(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Listen.GRPC != DefaultGRPC || c.Listen.Admin != DefaultAdmin || c.DefaultMode != ModeLocal ||
-		c.Clients.Header != "x-api-key" || !c.Clients.Strip || !c.Clients.Bearer || c.Redis != nil {
+		c.Clients.Header != "x-api-key" || !c.Clients.Strip || !c.Clients.Bearer || c.Redis != nil ||
+		c.Listen.HTTP != "" || c.HTTP.URIHeader != "x-original-uri" || c.HTTP.MethodHeader != "x-original-method" {
 		t.Fatalf("defaults = %+v", c)
 	}
 	d := Default()

@@ -144,7 +144,7 @@ func errString(err error) string {
 // defaults, plaintext keys and warnings.
 func render(t *testing.T, c *Config) []byte {
 	t.Helper()
-	listen := map[string]any{"grpc": c.Listen.GRPC, "admin": c.Listen.Admin, "reflection": c.Listen.Reflection}
+	listen := map[string]any{"grpc": c.Listen.GRPC, "http": c.Listen.HTTP, "admin": c.Listen.Admin, "reflection": c.Listen.Reflection}
 	if tl := c.Listen.TLS; tl != nil {
 		listen["tls"] = map[string]any{"cert_file": tl.CertFile, "key_file": tl.KeyFile, "client_ca_file": tl.ClientCAFile}
 	}
@@ -154,6 +154,7 @@ func render(t *testing.T, c *Config) []byte {
 		"local":           map[string]any{"max_keys": c.Local.MaxKeys, "slice_idle": c.Local.SliceIdle.String()},
 		"ip_trusted_hops": c.IPTrustedHops,
 		"headers":         map[string]any{"legacy": c.Headers.Legacy},
+		"http":            map[string]any{"uri_header": c.HTTP.URIHeader, "method_header": c.HTTP.MethodHeader},
 		"fallback":        map[string]any{"peer_ttl": c.Fallback.PeerTTL.String(), "min_peers": c.Fallback.MinPeers},
 	}
 	if r := c.Redis; r != nil {

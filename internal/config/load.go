@@ -22,6 +22,7 @@ type rawConfig struct {
 	Local         rawLocal           `yaml:"local"`
 	IPTrustedHops int                `yaml:"ip_trusted_hops"`
 	Headers       rawHeaders         `yaml:"headers"`
+	HTTP          rawHTTP            `yaml:"http"`
 	Fallback      rawFallback        `yaml:"fallback"`
 	Clients       rawClients         `yaml:"clients"`
 	Plans         map[string]rawPlan `yaml:"plans"`
@@ -31,6 +32,7 @@ type rawConfig struct {
 
 type rawListen struct {
 	GRPC       *string       `yaml:"grpc"`
+	HTTP       string        `yaml:"http"`
 	Admin      *string       `yaml:"admin"`
 	Reflection bool          `yaml:"reflection"`
 	TLS        *rawServerTLS `yaml:"tls"`
@@ -89,6 +91,11 @@ type rawRLS struct {
 
 type rawHeaders struct {
 	Legacy bool `yaml:"legacy"`
+}
+
+type rawHTTP struct {
+	URIHeader    string `yaml:"uri_header"`
+	MethodHeader string `yaml:"method_header"`
 }
 
 type rawFallback struct {

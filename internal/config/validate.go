@@ -33,6 +33,13 @@ const (
 	maxPolicyKeyParts = 8
 )
 
+// The headers nginx's documented auth_request example sets, the defaults
+// of http.uri_header and http.method_header.
+const (
+	DefaultURIHeader    = "x-original-uri"
+	DefaultMethodHeader = "x-original-method"
+)
+
 var (
 	policyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 	// token is RFC 9110's header field name syntax.
@@ -69,6 +76,14 @@ func validate(r *rawConfig, errs *Errors) *Config {
 			errs.add("listen.admin", "%q %s", c.Listen.Admin, err)
 		}
 	}
+	c.Listen.HTTP = r.Listen.HTTP
+	if c.Listen.HTTP != "" {
+		if err := checkListen(c.Listen.HTTP, true); err != nil {
+			errs.add("listen.http", "%q %s", c.Listen.HTTP, err)
+		}
+	}
+	sameAddress(c.Listen, errs)
+	c.HTTP = validateHTTP(r.HTTP, errs)
 	if t := r.Listen.TLS; t != nil {
 		c.Listen.TLS = &ServerTLS{CertFile: t.CertFile, KeyFile: t.KeyFile, ClientCAFile: t.ClientCAFile}
 		requireFile(t.CertFile, "listen.tls.cert_file", errs)
@@ -153,6 +168,42 @@ func checkListen(addr string, unixOK bool) error {
 		return fmt.Errorf("has an invalid port")
 	}
 	return nil
+}
+
+// sameAddress reports two listeners given one fixed address: the second
+// would fail to bind at start-up, and this names the fields now.
+func sameAddress(l Listen, errs *Errors) {
+	seen := map[string]string{}
+	for _, f := range []struct{ path, addr string }{{"listen.grpc", l.GRPC}, {"listen.http", l.HTTP}, {"listen.admin", l.Admin}} {
+		if f.addr == "" || strings.HasSuffix(f.addr, ":0") {
+			continue // off, or a port the kernel picks
+		}
+		if prev, dup := seen[f.addr]; dup {
+			errs.add(f.path, "%q is also %s; each listener needs its own address", f.addr, prev)
+		}
+		seen[f.addr] = f.path
+	}
+}
+
+func validateHTTP(r rawHTTP, errs *Errors) HTTP {
+	h := HTTP{URIHeader: DefaultURIHeader, MethodHeader: DefaultMethodHeader}
+	for _, f := range []struct {
+		path, raw string
+		dst       *string
+	}{{"http.uri_header", r.URIHeader, &h.URIHeader}, {"http.method_header", r.MethodHeader, &h.MethodHeader}} {
+		if f.raw == "" {
+			continue
+		}
+		if !headerName.MatchString(f.raw) {
+			errs.add(f.path, "%q is not a header name", f.raw)
+			continue
+		}
+		*f.dst = strings.ToLower(f.raw)
+	}
+	if h.URIHeader == h.MethodHeader {
+		errs.add("http.method_header", "%q is also http.uri_header; the method and the URI need a header each", h.MethodHeader)
+	}
+	return h
 }
 
 // burstField checks a burst: 0 (the default, the limit) or a capacity of

@@ -1,9 +1,10 @@
 // Package engine makes the decision every door asks for: who the caller
 // is, which policies apply, and whether each admits one more unit. A door
-// (the gRPC ext_authz Check in internal/check; later an HTTP endpoint and
-// Envoy's rate limit service) turns its protocol's request into a Request,
-// calls Decide, and renders the Verdict in its protocol, using the header
-// values and problem bodies of render.go, so every door answers alike.
+// (the gRPC ext_authz Check in internal/check, the HTTP endpoint in
+// internal/httpauth; later Envoy's rate limit service) turns its
+// protocol's request into a Request, calls Decide, and renders the Verdict
+// in its protocol, using the header values and problem bodies of
+// render.go, so every door answers alike.
 //
 // A Check's path: Decide identifies the caller (API key by SHA-256 digest:
 // an unknown key is a 401 before any policy runs), finds the matching
@@ -28,14 +29,15 @@ import (
 type Limiters map[config.Mode]quota.Limiter
 
 // Engine is one compiled configuration. It is immutable (but for the flag
-// that logs a warning once): a reload compiles a new Engine and the door
-// swaps it in, so a decision sees one configuration throughout. It is safe
-// for concurrent use.
+// that logs a warning once): a reload compiles a new Engine and Running
+// swaps it in for every door, so a decision sees one configuration
+// throughout. It is safe for concurrent use.
 type Engine struct {
 	cfg       *config.Config
 	keyring   *identity.Keyring[Client]
 	clients   []*Client
-	keyHeader string // clients.header, lower case
+	keyHeader string   // clients.header, lower case
+	headers   []string // what decisions read of Request.Headers (RequestHeaders)
 	policies  []*Policy
 	limits    int // Limits compiled, numbered 0..limits-1
 	metrics   *Metrics
@@ -128,6 +130,7 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 		}
 		e.policies = append(e.policies, p)
 	}
+	e.headers = requestHeaders(cfg, e.keyHeader, e.keyring.Len())
 	m.ConfigPolicies.Set(float64(len(e.policies)))
 	return e, nil
 }

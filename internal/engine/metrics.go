@@ -16,7 +16,7 @@ type Metrics struct {
 	// policy and the on_redis_error action taken (fallback, allow, deny).
 	Degraded *prometheus.CounterVec
 	// Checks counts answered requests by door (grpc: Envoy's ext_authz
-	// Check) and outcome (see Outcome).
+	// Check; http: the HTTP door) and outcome (see Outcome).
 	Checks *prometheus.CounterVec
 	// CheckDuration is the time from a request's arrival to its answer,
 	// by door.
@@ -40,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"policy", "action"}),
 		Checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "checks_total",
-			Help: "Answered requests by door (grpc) and outcome (ok, over_limit, unauthorized, unavailable, canceled, error).",
+			Help: "Answered requests by door (grpc: Envoy's ext_authz Check; http: the HTTP authorization endpoint) and outcome (ok, over_limit, unauthorized, unavailable, canceled, error).",
 		}, []string{"door", "outcome"}),
 		CheckDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "check_duration_seconds",
@@ -68,7 +68,7 @@ type Door struct {
 }
 
 // Door returns the counters of the door called name ("grpc" for Envoy's
-// ext_authz Check), creating its series.
+// ext_authz Check, "http" for the HTTP door), creating its series.
 func (m *Metrics) Door(name string) *Door {
 	d := &Door{duration: m.CheckDuration.WithLabelValues(name)}
 	for o := Outcome(0); o < outcomeCount; o++ {

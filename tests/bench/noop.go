@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -65,6 +67,33 @@ func serveNoop() {
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 		<-sig
 		s.Stop()
+	}()
+	s.Serve(lis)
+}
+
+// serveNoopHTTP is the HTTP door's ceiling: an HTTP server that answers
+// 200 to every request without looking at it, with the sidecar's server
+// settings (cmd/extauthz/serve.go) and runtime settings. It logs
+// "serving" like the sidecar, with its address as "http", until SIGTERM.
+func serveNoopHTTP() {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	gctune.Apply()
+	s := &http.Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }),
+		IdleTimeout:       5 * time.Minute,
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    http.DefaultMaxHeaderBytes,
+	}
+	slog.New(slog.NewJSONHandler(os.Stderr, nil)).Info("serving", "grpc", "", "http", lis.Addr().String(), "admin", "")
+	go func() {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+		<-sig
+		s.Close()
 	}()
 	s.Serve(lis)
 }

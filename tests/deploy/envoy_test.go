@@ -20,6 +20,7 @@ import (
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -268,9 +269,14 @@ func checkHCM(p *problems, name string, raw []byte, b *bootstrapv3.Bootstrap, h 
 	if s := ea.GetStatusOnError().GetCode(); s < 500 || s > 599 {
 		p.add("%s: ext_authz status_on_error is %d, want a 5xx (the default 403 blames the client)", name, s)
 	}
+	if hs := ea.GetHttpService(); hs != nil {
+		checkHTTPService(p, name, b, ea, hs, sc)
+		checkRoutes(p, name, b, h, sc, names)
+		return
+	}
 	gs := ea.GetGrpcService()
 	if gs == nil {
-		p.add("%s: ext_authz has no grpc_service (extauthz speaks gRPC)", name)
+		p.add("%s: ext_authz has neither grpc_service nor http_service", name)
 		return
 	}
 	timeout := gs.GetTimeout().AsDuration()
@@ -311,6 +317,140 @@ func checkHCM(p *problems, name string, raw []byte, b *bootstrapv3.Bootstrap, h 
 	}
 
 	checkRoutes(p, name, b, h, sc, names)
+}
+
+// Envoy's http_service and the HTTP door (internal/httpauth).
+const (
+	// envoyPathPrefix is where the door reads Envoy's convention
+	// (httpauth.EnvoyPrefix): Envoy appends the original path to it.
+	envoyPathPrefix = "/envoy"
+	// probeTimeout is the breaker's probe (internal/quota/redisstore): a
+	// call that timed out waits for it before the decision falls back.
+	probeTimeout = 100 * time.Millisecond
+	// maxHTTPCheckTimeout bounds http_service's timeout: past it, a stuck
+	// sidecar holds requests too long.
+	maxHTTPCheckTimeout = time.Second
+)
+
+// checkHTTPService checks an ext_authz http_service against the HTTP door
+// of the paired config: where it listens, what Envoy must send it (Envoy
+// sends an HTTP server only Host, :method, :path and Authorization unless
+// allowed_headers says more) and what Envoy must pass on.
+func checkHTTPService(p *problems, name string, b *bootstrapv3.Bootstrap, ea *extauthzv3.ExtAuthz, hs *extauthzv3.HttpService, sc *sidecarConfig) {
+	if hs.GetPathPrefix() != envoyPathPrefix {
+		p.add("%s: http_service.path_prefix is %q, want %s (the door reads Envoy's convention there)", name, hs.GetPathPrefix(), envoyPathPrefix)
+	}
+	if hs.GetPathOverride() != "" {
+		p.add("%s: http_service.path_override hides the original path from the door", name)
+	}
+	// The door gets no deadline from Envoy: a call to a Redis that stopped
+	// answering runs redis.timeout, then waits for the breaker's probe.
+	timeout := hs.GetServerUri().GetTimeout().AsDuration()
+	worst := sc.redisTimeout() + probeTimeout
+	if timeout <= 0 || timeout > maxHTTPCheckTimeout {
+		p.add("%s: http_service.server_uri.timeout is %v, want set and at most %v", name, timeout, maxHTTPCheckTimeout)
+	} else if sc.usesRedis() && timeout <= worst {
+		p.add("%s: http_service timeout %v leaves extauthz no time to call a Redis that stopped answering (%v) and answer from its fallback", name, timeout, worst)
+	}
+	if sc.Listen.HTTP == "" {
+		p.add("%s: ext_authz uses http_service, but the extauthz config has no listen.http", name)
+		return
+	}
+	listen, err := parseListen(sc.Listen.HTTP)
+	if err != nil {
+		p.add("%s: extauthz listen.http: %v", name, err)
+		return
+	}
+	clusterName := hs.GetServerUri().GetCluster()
+	c := clusterByName(b, clusterName)
+	if c == nil {
+		p.add("%s: http_service cluster %q is not defined", name, clusterName)
+		return
+	}
+	if opts, ok := unpack[*httpv3.HttpProtocolOptions](c.GetTypedExtensionProtocolOptions()[httpOptionsKey]); ok && opts.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil {
+		p.add("%s: cluster %s is HTTP/2; the HTTP door speaks HTTP/1.1", name, clusterName)
+	}
+	addrs := socketAddresses(c)
+	if len(addrs)+len(pipePaths(c)) == 0 {
+		p.add("%s: cluster %s has no endpoints", name, clusterName)
+	}
+	for _, sa := range addrs {
+		if !listen.reaches(sa.GetAddress(), sa.GetPortValue()) {
+			p.add("%s: cluster %s sends auth requests to %s:%d, but extauthz's HTTP door listens on %s", name, clusterName, sa.GetAddress(), sa.GetPortValue(), sc.Listen.HTTP)
+		}
+	}
+
+	// What the door reads: the key header, and every header a key names.
+	allowed := ea.GetAllowedHeaders()
+	need := map[string]string{}
+	if len(sc.Clients.Keys) > 0 {
+		need[sc.keyHeader()] = "clients.header"
+	}
+	for _, pol := range sc.Policies {
+		for _, k := range pol.Key {
+			switch {
+			case strings.HasPrefix(k, "header:"):
+				need[strings.ToLower(strings.TrimPrefix(k, "header:"))] = "policy " + pol.Name
+			case k == "ip" && sc.IPTrustedHops > 0:
+				need["x-forwarded-for"] = "policy " + pol.Name + " (ip behind ip_trusted_hops)"
+			case strings.HasPrefix(k, "claim:") || k == "principal":
+				p.add("%s: policy %s keys on %s, which Envoy sends gRPC authorization servers only", name, pol.Name, k)
+			}
+		}
+		if len(pol.Match.Context) > 0 {
+			p.add("%s: policy %s matches context_extensions, which Envoy sends gRPC authorization servers only", name, pol.Name)
+		}
+	}
+	for h, why := range need {
+		if h != "authorization" && !listMatches(allowed, h) {
+			p.add("%s: ext_authz allowed_headers lacks %s (%s): Envoy would not send it to the HTTP door", name, h, why)
+		}
+	}
+	resp := hs.GetAuthorizationResponse()
+	if !listMatches(resp.GetAllowedUpstreamHeaders(), "x-client-id") {
+		p.add("%s: http_service allowed_upstream_headers lacks x-client-id: the app would not learn the client", name)
+	}
+	for _, h := range []string{"ratelimit-policy", "ratelimit"} {
+		if !listMatches(resp.GetAllowedClientHeadersOnSuccess(), h) {
+			p.add("%s: http_service allowed_client_headers_on_success lacks %s: clients would not see their limits", name, h)
+		}
+	}
+	if resp.GetAllowedClientHeaders() != nil {
+		for _, h := range []string{"retry-after", "ratelimit-policy", "ratelimit", "content-type"} {
+			if !listMatches(resp.GetAllowedClientHeaders(), h) {
+				p.add("%s: http_service allowed_client_headers lacks %s: a 429 would lose it", name, h)
+			}
+		}
+	}
+}
+
+// listMatches reports whether a header name (lower case, as Envoy keeps
+// them) matches one of list's patterns.
+func listMatches(list *matcherv3.ListStringMatcher, name string) bool {
+	for _, m := range list.GetPatterns() {
+		v, n := name, ""
+		switch {
+		case m.GetExact() != "":
+			n = m.GetExact()
+		case m.GetPrefix() != "":
+			n = m.GetPrefix()
+		case m.GetSuffix() != "":
+			n = m.GetSuffix()
+		case m.GetContains() != "":
+			n = m.GetContains()
+		}
+		if m.GetIgnoreCase() {
+			v, n = strings.ToLower(v), strings.ToLower(n)
+		}
+		switch {
+		case m.GetExact() != "" && v == n,
+			m.GetPrefix() != "" && strings.HasPrefix(v, n),
+			m.GetSuffix() != "" && strings.HasSuffix(v, n),
+			m.GetContains() != "" && strings.Contains(v, n):
+			return true
+		}
+	}
+	return false
 }
 
 // checkExtAuthzCluster checks the cluster ext_authz calls: HTTP/2, and

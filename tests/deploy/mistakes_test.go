@@ -23,6 +23,7 @@ func TestEnvoyChecksCatchMistakes(t *testing.T) {
 	plain := files{"envoy/envoy.yaml", "envoy/extauthz.yaml"}
 	jwt := files{"envoy/envoy-jwt.yaml", "envoy/extauthz-jwt.yaml"}
 	rls := files{"envoy/envoy-ratelimit.yaml", "envoy/extauthz-ratelimit.yaml"}
+	http := files{"envoy/envoy-http.yaml", "envoy/extauthz-http.yaml"}
 	for _, tc := range []struct {
 		name       string
 		files      files
@@ -84,6 +85,26 @@ func TestEnvoyChecksCatchMistakes(t *testing.T) {
 			want: `health-check route "health" has rate_limits`},
 		{name: "rate limit sidecar without the domain", files: rls, inSidecar: true, old: "domains: [ratelimit-edge.yaml]", new: "domains: []",
 			want: `ratelimit filter domain "edge" is defined by no descriptor file`},
+		{name: "http_service port", files: http, old: "port_value: 9002", new: "port_value: 9001",
+			want: "sends auth requests to 127.0.0.1:9001, but extauthz's HTTP door listens on 127.0.0.1:9002"},
+		{name: "no HTTP door", files: http, inSidecar: true, old: "http: 127.0.0.1:9002", new: "",
+			want: "the extauthz config has no listen.http"},
+		{name: "http_service path prefix", files: http, old: "path_prefix: /envoy", new: "path_prefix: /auth",
+			want: `path_prefix is "/auth", want /envoy`},
+		{name: "http_service HTTP/2", files: http, old: "      # HTTP/1.1 with keep-alive", new: "      typed_extension_protocol_options:\n        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n          \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n          explicit_http_config:\n            http2_protocol_options: {}\n      # HTTP/1.1 with keep-alive",
+			want: "is HTTP/2; the HTTP door speaks HTTP/1.1"},
+		{name: "http_service long timeout", files: http, old: "timeout: 0.3s", new: "timeout: 3s",
+			want: "http_service.server_uri.timeout is 3s"},
+		{name: "key header not sent", files: http, old: "patterns: [{exact: x-api-key}, {exact: x-forwarded-for}]", new: "patterns: [{exact: x-forwarded-for}]",
+			want: "allowed_headers lacks x-api-key"},
+		{name: "header key not sent", files: http, inSidecar: true, old: "key: [client]\n    limit: 2", new: "key: [client, header:x-tenant]\n    limit: 2",
+			want: "allowed_headers lacks x-tenant"},
+		{name: "client id not passed", files: http, old: "patterns: [{exact: x-client-id}]", new: "patterns: [{exact: x-client}]",
+			want: "allowed_upstream_headers lacks x-client-id"},
+		{name: "limits not shown", files: http, old: "patterns: [{exact: ratelimit-policy}, {exact: ratelimit}]", new: "patterns: [{exact: ratelimit}]",
+			want: "allowed_client_headers_on_success lacks ratelimit-policy"},
+		{name: "context over http", files: http, inSidecar: true, old: "path_prefix: /orders\n", new: "path_prefix: /orders\n      context: {route: orders}\n",
+			want: "matches context_extensions, which Envoy sends gRPC authorization servers only"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			envoyText := readFile(t, repoPath(t, tc.files.envoy))

@@ -17,6 +17,7 @@ import (
 type sidecarConfig struct {
 	Listen struct {
 		GRPC  string `json:"grpc"`
+		HTTP  string `json:"http"`
 		Admin string `json:"admin"`
 	} `json:"listen"`
 	Redis *struct {
@@ -24,9 +25,12 @@ type sidecarConfig struct {
 		PasswordEnv string   `json:"password_env"`
 		Timeout     string   `json:"timeout"`
 	} `json:"redis"`
-	DefaultMode string `json:"default_mode"`
-	Clients     struct {
-		Bearer *bool `json:"bearer"`
+	DefaultMode   string `json:"default_mode"`
+	IPTrustedHops int    `json:"ip_trusted_hops"`
+	Clients       struct {
+		Header string     `json:"header"`
+		Bearer *bool      `json:"bearer"`
+		Keys   []struct{} `json:"keys"`
 	} `json:"clients"`
 	Policies []struct {
 		Name  string `json:"name"`
@@ -64,6 +68,24 @@ func parseSidecarConfig(data []byte) (*sidecarConfig, error) {
 // ext_authz timeout must be longer, or such decisions become Envoy's
 // failure_mode answer instead of extauthz's fallback.
 const breakerVerdict = 175 * time.Millisecond
+
+// keyHeader is the header API keys come in, lower case.
+func (c *sidecarConfig) keyHeader() string {
+	if c.Clients.Header == "" {
+		return "x-api-key" // the loader's default
+	}
+	return strings.ToLower(c.Clients.Header)
+}
+
+// redisTimeout is redis.timeout, or the loader's default.
+func (c *sidecarConfig) redisTimeout() time.Duration {
+	if c.Redis != nil {
+		if d, err := time.ParseDuration(c.Redis.Timeout); err == nil && d > 0 {
+			return d
+		}
+	}
+	return 150 * time.Millisecond
+}
 
 // usesClaims reports whether any policy keys on a JWT claim.
 func (c *sidecarConfig) usesClaims() bool {

@@ -26,6 +26,7 @@ type Proc struct {
 	Name  string
 	Cmd   *exec.Cmd
 	Addr  string // Redis's address, or the gRPC address a server announced
+	HTTP  string // the HTTP door's address a server announced ("" when none)
 	Admin string // the admin address a server announced
 	out   *lockedBuffer
 	done  chan struct{}
@@ -104,7 +105,7 @@ func StartDetached(dir string) (*Proc, error) {
 }
 
 // Serve runs bin with args (and env added to the environment) and waits
-// for its JSON "serving" log line, which names the gRPC and admin
+// for its JSON "serving" log line, which names the gRPC, HTTP and admin
 // addresses it got.
 func Serve(name string, env []string, bin string, args ...string) (*Proc, error) {
 	p, out, err := start(name, env, bin, args...)
@@ -119,6 +120,7 @@ func Serve(name string, env []string, bin string, args ...string) (*Proc, error)
 			var rec map[string]any
 			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "serving" {
 				p.Addr, _ = rec["grpc"].(string)
+				p.HTTP, _ = rec["http"].(string)
 				p.Admin, _ = rec["admin"].(string)
 				close(ready)
 				break

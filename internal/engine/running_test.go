@@ -1,0 +1,43 @@
+package engine
+
+import (
+	"testing"
+
+	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/quota/local"
+)
+
+// Update swaps in a newly compiled Engine; a configuration that does not
+// compile leaves the running one in force.
+func TestRunningUpdate(t *testing.T) {
+	parse := func(yaml string) *config.Config {
+		cfg, err := config.Parse([]byte(yaml), "test.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	cache, err := local.NewTable(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRunning(parse("policies: [{name: a, limit: 1, window: 1s}]"), Limiters{config.ModeLocal: local.New(cache)}, NewMetrics(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := r.Engine()
+	if err := r.Update(parse("policies: [{name: b, limit: 1, window: 1s}]")); err != nil {
+		t.Fatal(err)
+	}
+	second := r.Engine()
+	if second == first || r.Config() != second.Config() || second.Policies()[0].Name != "b" {
+		t.Fatalf("after Update: engine %p (was %p), policies %v", second, first, second.Policies()[0].Name)
+	}
+	// Redis mode without a Redis limiter does not compile.
+	if err := r.Update(parse("redis: {addrs: [127.0.0.1:1]}\npolicies: [{name: c, limit: 1, window: 1s}]")); err == nil {
+		t.Fatal("a configuration needing Redis compiled without it")
+	}
+	if r.Engine() != second {
+		t.Fatal("a failed Update replaced the running Engine")
+	}
+}
