@@ -109,15 +109,21 @@ func keyValue(k config.KeyPart, a *Request, c *Client, hops int) string {
 	return ""
 }
 
+// digestPrefix starts the stand-in of a value longer than maxKeyValue. An
+// escaped value holds '%' only as the start of "%XX" with XX two upper-case
+// hex digits, never followed by 's': no value sent verbatim can spell a
+// digest, and so none can share the bucket of a long value.
+const digestPrefix = "%sha256."
+
 // appendEscaped appends v with the bytes that structure a key (':' between
 // components, braces of the Redis hash tag, '%' itself) and non-printable
 // bytes percent-encoded, so no value can forge another key. Values longer
-// than maxKeyValue are replaced by "sha256." and their digest's first 16
-// bytes in hex.
+// than maxKeyValue are replaced by digestPrefix and their digest's first
+// 16 bytes in hex.
 func appendEscaped(b []byte, v string) []byte {
 	if len(v) > maxKeyValue {
 		sum := sha256.Sum256([]byte(v))
-		b = append(b, "sha256."...)
+		b = append(b, digestPrefix...)
 		return hex.AppendEncode(b, sum[:16])
 	}
 	const digits = "0123456789ABCDEF"
