@@ -35,3 +35,36 @@ policies:
 		}
 	}
 }
+
+// A policy on api.example.com holds for every spelling Envoy routes to the
+// same virtual host: upper case, a port, a trailing dot. The request's host
+// comes both from the attributes' host field and, when that is empty, from
+// :authority.
+func TestHostSpellingsShareThePolicy(t *testing.T) {
+	s := startSidecar(t, `
+policies:
+  - {name: api, match: {hosts: [api.example.com]}, limit: 1, window: 1h}
+  - {name: org, match: {hosts: ["*.Example.ORG."]}, limit: 1, window: 1h}
+`)
+	for _, hosts := range [][]string{
+		{"api.example.com", "api.example.com.", "API.EXAMPLE.COM.:443", "Api.Example.Com:8443", "api.example.com.."},
+		{"a.example.org", "A.EXAMPLE.ORG.", "a.example.org.:443"},
+	} {
+		if got := httpStatus(s.check(envoyRequest{host: hosts[0]}.build())); got != 200 {
+			t.Fatalf("host %q, first request: %d", hosts[0], got)
+		}
+		for _, h := range hosts[1:] {
+			if got := httpStatus(s.check(envoyRequest{host: h}.build())); got != 429 {
+				t.Fatalf("host %q after %q spent the limit: %d, want 429", h, hosts[0], got)
+			}
+			req := envoyRequest{host: h}.build()
+			req.Attributes.Request.Http.Host = "" // from :authority alone
+			if got := httpStatus(s.check(req)); got != 429 {
+				t.Fatalf(":authority %q after %q spent the limit: %d, want 429", h, hosts[0], got)
+			}
+		}
+	}
+	if got := httpStatus(s.check(envoyRequest{host: "api.example.net"}.build())); got != 200 {
+		t.Fatalf("another host: %d, want 200 (no policy)", got)
+	}
+}

@@ -187,7 +187,7 @@ type Policy struct {
 type Match struct {
 	PathPrefix string
 	Methods    []string // upper case
-	Hosts      []string // lower case; "*.example.com" matches subdomains
+	Hosts      []string // normalised (NormalizeHost); "*.example.com" matches subdomains
 	Context    map[string]string
 }
 

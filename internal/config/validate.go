@@ -449,7 +449,7 @@ func validateMatch(r *rawMatch, path string, errs *Errors) Match {
 		m.Methods = append(m.Methods, strings.ToUpper(meth))
 	}
 	for i, h := range r.Hosts {
-		h = strings.ToLower(h)
+		h = NormalizeHost(h)
 		if h == "" || strings.ContainsAny(h, "/ ") || strings.Contains(h[1:], "*") || (h[0] == '*' && !strings.HasPrefix(h, "*.")) {
 			errs.add(fmt.Sprintf("%s.hosts[%d]", path, i), "%q is not a host name (a leading *. matches subdomains)", r.Hosts[i])
 		}
