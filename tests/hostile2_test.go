@@ -3,8 +3,12 @@ package tests
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"strings"
 	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 )
 
 // The second round of hostile input (issue 15): each test is one way a
@@ -66,5 +70,30 @@ policies:
 	}
 	if got := httpStatus(s.check(envoyRequest{host: "api.example.net"}.build())); got != 200 {
 		t.Fatalf("another host: %d, want 200 (no policy)", got)
+	}
+}
+
+// x-client-id reaches the upstream only as the sidecar set it: every
+// allowed request without a verified client has it removed, whether the
+// sidecar saw one or not (Envoy forwards headers ext_authz never sees when
+// allowed_headers narrows what it sends).
+func TestClientIDAlwaysRemovedWithoutAVerifiedClient(t *testing.T) {
+	s := startSidecar(t, ordersFor("limit: 100, window: 1m"))
+	removed := func(r *authv3.CheckResponse) []string { return r.GetOkResponse().GetHeadersToRemove() }
+	for _, req := range []envoyRequest{
+		{},
+		{headers: [][2]string{{"x-client-id", "ada"}}},
+		{headers: [][2]string{{"authorization", "Basic YWRhOmFkYQ=="}}},
+	} {
+		r := s.check(req.build())
+		if httpStatus(r) != 200 || !slices.Contains(removed(r), "x-client-id") {
+			t.Fatalf("anonymous request %v: %d, headers_to_remove %v; want x-client-id removed", req.headers, httpStatus(r), removed(r))
+		}
+	}
+	r := s.check(envoyRequest{headers: [][2]string{{"x-api-key", "key-ada"}, {"x-client-id", "bob"}}}.build())
+	set := r.GetOkResponse().GetHeaders()
+	if httpStatus(r) != 200 || len(set) != 1 || set[0].GetHeader().GetKey() != "x-client-id" || set[0].GetHeader().GetValue() != "ada" ||
+		set[0].GetAppendAction() != corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD || slices.Contains(removed(r), "x-client-id") {
+		t.Fatalf("ada's request: %d, headers %v, removed %v; want x-client-id: ada, overwriting", httpStatus(r), set, removed(r))
 	}
 }
