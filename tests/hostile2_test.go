@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"slices"
@@ -9,6 +10,9 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 // The second round of hostile input (issue 15): each test is one way a
@@ -95,5 +99,47 @@ func TestClientIDAlwaysRemovedWithoutAVerifiedClient(t *testing.T) {
 	if httpStatus(r) != 200 || len(set) != 1 || set[0].GetHeader().GetKey() != "x-client-id" || set[0].GetHeader().GetValue() != "ada" ||
 		set[0].GetAppendAction() != corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD || slices.Contains(removed(r), "x-client-id") {
 		t.Fatalf("ada's request: %d, headers %v, removed %v; want x-client-id: ada, overwriting", httpStatus(r), set, removed(r))
+	}
+}
+
+// A policy named peers, with no key parts, has the Redis key rl:{peers}:
+// until issue 15 the replicas' heartbeat set, so its script and the
+// heartbeat met each other's type (WRONGTYPE) and decisions fell back.
+// Now the heartbeat lives outside the policies' key space: both work, and
+// Redis serves every decision.
+func TestPolicyNamedPeersBreaksNothing(t *testing.T) {
+	srv := testredis.Start(t)
+	rdb := srv.Client()
+	replicas := startReplicas(t, 2, defaultsConfig(srv.Addr, "redis", `
+clients:
+  keys: [{id: ada, key: key-ada}]
+policies:
+  - {name: peers, match: {path_prefix: /peers}, limit: 20, window: 1h}
+  - {name: others, match: {path_prefix: /others}, key: [client], limit: 20, window: 1h, mode: hybrid}
+`))
+	waitPeers(t, replicas, 2)
+	for _, path := range []string{"/peers", "/others"} {
+		counts := tally(t, drive(t, replicas, 30, 6, func(int) *authv3.CheckRequest {
+			return envoyRequest{path: path, headers: [][2]string{{"x-api-key", "key-ada"}}}.build()
+		}))
+		if counts[200] != 20 || counts[429] != 10 {
+			t.Fatalf("%s: statuses %v, want 20 × 200 and 10 × 429", path, counts)
+		}
+	}
+	assertNotDegraded(t, replicas)
+	for _, r := range replicas {
+		if n := r.metric("extauthz_redis_calls_total", "result", "error"); n != 0 {
+			t.Fatalf("replica %s: %v Redis calls answered with an error", r.GRPC, n)
+		}
+		if n := r.metric("extauthz_peers"); n != 2 {
+			t.Fatalf("replica %s observes %v peers, want 2", r.GRPC, n)
+		}
+	}
+	ctx := context.Background()
+	if typ := rdb.Type(ctx, "rl:{peers}").Val(); typ != "hash" {
+		t.Fatalf("the policy's key rl:{peers} is a %q, want its token bucket (hash)", typ)
+	}
+	if typ := rdb.Type(ctx, redisstore.PeersKey("rl:")).Val(); typ != "zset" {
+		t.Fatalf("the heartbeat key %s is a %q, want a sorted set", redisstore.PeersKey("rl:"), typ)
 	}
 }
