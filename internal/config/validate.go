@@ -161,6 +161,28 @@ func burstField(b int64, path string, errs *Errors) {
 	}
 }
 
+// maxRefill bounds the time a token bucket takes to refill from empty,
+// burst × (window / limit): as long as the longest window. A bucket's state
+// is the instant it is full again, in nanoseconds; the bound keeps that
+// instant, and every wait computed from it, far inside int64 (a burst of
+// 200,000 at one a day once overflowed into a 37-year Retry-After).
+const maxRefill = maxWindow
+
+// refillField rejects a token bucket burst that would take longer than
+// maxRefill to refill, at the interval the quota package computes
+// (window / limit, at least 1ns). A burst of at most the limit refills
+// within the window, so only a larger one is checked.
+func refillField(limit int64, window time.Duration, burst int64, path string, errs *Errors) {
+	if limit < 1 || window <= 0 || burst <= limit {
+		return
+	}
+	iv := max(int64(window)/limit, 1)
+	if most := int64(maxRefill) / iv; burst > most {
+		errs.add(path, "%d tokens at one every %s take %.0f days to refill; at most %d at this rate (a bucket must refill within %d days, the longest window)",
+			burst, time.Duration(iv), float64(burst)*float64(iv)/float64(24*time.Hour), most, maxRefill/(24*time.Hour))
+	}
+}
+
 func validateRedis(r *rawRedis, errs *Errors, warnings *[]string) *Redis {
 	rc := &Redis{
 		Addrs:       r.Addrs,
@@ -234,6 +256,7 @@ func validatePlan(r rawPlan, path string, errs *Errors) Plan {
 		windowField(r.Window, path+".window", &p.Window, errs)
 	}
 	burstField(r.Burst, path+".burst", errs)
+	refillField(p.Limit, p.Window, p.Burst, path+".burst", errs)
 	return p
 }
 
@@ -361,6 +384,7 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		}
 	}
 	burstField(r.Burst, path+".burst", errs)
+	refillField(p.Limit, p.Window, p.Burst, path+".burst", errs)
 
 	p.Algorithm = TokenBucket
 	if r.Algorithm != "" {
