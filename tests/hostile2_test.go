@@ -143,3 +143,52 @@ policies:
 		t.Fatalf("the heartbeat key %s is a %q, want a sorted set", redisstore.PeersKey("rl:"), typ)
 	}
 }
+
+// The ip key keeps an IPv6 caller's /64 by default: the addresses of one
+// /64 (what one host or subscriber is given) share a bucket, while IPv4
+// callers keep one each. ipv4_prefix and ipv6_prefix change the lengths,
+// for the peer address and for x-forwarded-for alike.
+func TestIPv6CallersOfOneNetworkShareABucket(t *testing.T) {
+	s := startSidecar(t, `
+policies:
+  - {name: per-ip, key: [ip], limit: 1, window: 1h}
+`)
+	from := func(ip string) int { return httpStatus(s.check(envoyRequest{sourceIP: ip}.build())) }
+	if got := from("2001:db8:1:2::1"); got != 200 {
+		t.Fatalf("first IPv6 caller: %d", got)
+	}
+	for _, ip := range []string{"2001:db8:1:2::2", "2001:db8:1:2::3", "2001:db8:1:2:dead:beef:0:1", "2001:DB8:1:2:ffff:ffff:ffff:ffff"} {
+		if got := from(ip); got != 429 {
+			t.Fatalf("%s, in the /64 that spent the limit: %d, want 429", ip, got)
+		}
+	}
+	for _, ip := range []string{"2001:db8:1:3::1", "10.0.0.1", "10.0.0.2"} {
+		if got := from(ip); got != 200 {
+			t.Fatalf("%s, a caller of its own: %d, want 200", ip, got)
+		}
+	}
+
+	// Shorter prefixes, read from x-forwarded-for behind one trusted
+	// proxy: the settings under test.
+	s = startSidecar(t, `
+ip_trusted_hops: 1
+ipv4_prefix: 24
+ipv6_prefix: 48
+policies:
+  - {name: per-ip, key: [ip], limit: 1, window: 1h}
+`)
+	via := func(ip string) int {
+		return httpStatus(s.check(envoyRequest{headers: [][2]string{{"x-forwarded-for", ip}}}.build()))
+	}
+	for _, tc := range []struct {
+		ip   string
+		want int
+	}{
+		{"198.51.100.7", 200}, {"198.51.100.200", 429}, {"198.51.101.7", 200},
+		{"2001:db8:1:2::1", 200}, {"2001:db8:1:ffff::1", 429}, {"2001:db8:2::1", 200},
+	} {
+		if got := via(tc.ip); got != tc.want {
+			t.Fatalf("x-forwarded-for %s: %d, want %d", tc.ip, got, tc.want)
+		}
+	}
+}

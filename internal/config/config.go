@@ -74,11 +74,16 @@ type Config struct {
 	DefaultMode   Mode
 	Local         Local
 	IPTrustedHops int
-	Headers       Headers
-	Fallback      Fallback
-	Clients       Clients
-	Plans         map[string]Plan
-	Policies      []Policy
+	// IPv4Prefix and IPv6Prefix are the leading bits of a client address
+	// that the ip key part keeps: callers within one /IPv6Prefix network
+	// (one subscriber's allocation: a /64 by default) share a bucket.
+	IPv4Prefix int
+	IPv6Prefix int
+	Headers    Headers
+	Fallback   Fallback
+	Clients    Clients
+	Plans      map[string]Plan
+	Policies   []Policy
 	// Warnings are accepted but inadvisable settings, such as plaintext keys.
 	Warnings []string
 }

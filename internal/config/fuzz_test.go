@@ -152,6 +152,8 @@ func render(t *testing.T, c *Config) []byte {
 		"default_mode":    string(c.DefaultMode),
 		"local":           map[string]any{"max_keys": c.Local.MaxKeys, "slice_idle": c.Local.SliceIdle.String()},
 		"ip_trusted_hops": c.IPTrustedHops,
+		"ipv4_prefix":     c.IPv4Prefix,
+		"ipv6_prefix":     c.IPv6Prefix,
 		"headers":         map[string]any{"legacy": c.Headers.Legacy},
 		"fallback":        map[string]any{"peer_ttl": c.Fallback.PeerTTL.String(), "min_peers": c.Fallback.MinPeers},
 	}

@@ -20,6 +20,8 @@ type rawConfig struct {
 	DefaultMode   string             `yaml:"default_mode"`
 	Local         rawLocal           `yaml:"local"`
 	IPTrustedHops int                `yaml:"ip_trusted_hops"`
+	IPv4Prefix    *int               `yaml:"ipv4_prefix"`
+	IPv6Prefix    *int               `yaml:"ipv6_prefix"`
 	Headers       rawHeaders         `yaml:"headers"`
 	Fallback      rawFallback        `yaml:"fallback"`
 	Clients       rawClients         `yaml:"clients"`

@@ -33,6 +33,16 @@ const (
 	maxPolicyKeyParts = 8
 )
 
+// Defaults of the ip key part's address prefixes.
+const (
+	// DefaultIPv4Prefix keys an IPv4 caller by its address.
+	DefaultIPv4Prefix = 32
+	// DefaultIPv6Prefix keys an IPv6 caller by its /64: a single host or
+	// subscriber is routinely given a whole /64 (RFC 6177, SLAAC), and
+	// would otherwise have 2^64 fresh buckets to pick from.
+	DefaultIPv6Prefix = 64
+)
+
 var (
 	policyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 	// token is RFC 9110's header field name syntax.
@@ -52,6 +62,8 @@ func validate(r *rawConfig, errs *Errors) *Config {
 		},
 		Headers:       Headers{Legacy: r.Headers.Legacy},
 		IPTrustedHops: r.IPTrustedHops,
+		IPv4Prefix:    DefaultIPv4Prefix,
+		IPv6Prefix:    DefaultIPv6Prefix,
 		Plans:         map[string]Plan{},
 	}
 
@@ -106,6 +118,8 @@ func validate(r *rawConfig, errs *Errors) *Config {
 	if c.IPTrustedHops < 0 || c.IPTrustedHops > maxTrustedHops {
 		errs.add("ip_trusted_hops", "%d must be between 0 and %d", c.IPTrustedHops, maxTrustedHops)
 	}
+	prefixField(r.IPv4Prefix, "ipv4_prefix", 32, &c.IPv4Prefix, errs)
+	prefixField(r.IPv6Prefix, "ipv6_prefix", 128, &c.IPv6Prefix, errs)
 
 	durationField(r.Fallback.PeerTTL, "fallback.peer_ttl", &c.Fallback.PeerTTL, errs)
 	if r.Fallback.MinPeers != 0 {
@@ -131,6 +145,19 @@ func validate(r *rawConfig, errs *Errors) *Config {
 		c.Policies = append(c.Policies, p)
 	}
 	return c
+}
+
+// prefixField sets *bits from an address prefix length given at path, of
+// 1 to max bits; nil keeps the default.
+func prefixField(v *int, path string, max int, bits *int, errs *Errors) {
+	if v == nil {
+		return
+	}
+	if *v < 1 || *v > max {
+		errs.add(path, "%d must be between 1 and %d (bits of the address that identify a caller)", *v, max)
+		return
+	}
+	*bits = *v
 }
 
 func checkListen(addr string, unixOK bool) error {

@@ -95,7 +95,7 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 			v.Outcome, v.Detail, v.Takes = Failed, tooManyDetail, v.Takes[:0]
 			return nil
 		}
-		key, missing := p.partition(req, caller, e.cfg.IPTrustedHops)
+		key, missing := p.partition(req, caller, e.ip)
 		if missing && p.OnMissingKey == config.MissingReject {
 			v.Outcome, v.Detail, v.Takes = Unauthorized, missingDetail(p), v.Takes[:0]
 			return nil

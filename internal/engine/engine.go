@@ -36,6 +36,7 @@ type Engine struct {
 	keyring   *identity.Keyring[Client]
 	clients   []*Client
 	keyHeader string // clients.header, lower case
+	ip        identity.IPRule
 	policies  []*Policy
 	limits    int // Limits compiled, numbered 0..limits-1
 	metrics   *Metrics
@@ -90,6 +91,7 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 		cfg:       cfg,
 		keyring:   identity.NewKeyring[Client](len(cfg.Clients.Keys)),
 		keyHeader: cfg.Clients.Header,
+		ip:        identity.IPRule{TrustedHops: cfg.IPTrustedHops, IPv4Prefix: cfg.IPv4Prefix, IPv6Prefix: cfg.IPv6Prefix},
 		metrics:   m,
 		hold:      sleepCtx,
 	}

@@ -65,14 +65,14 @@ func hostMatches(hosts []string, host string) bool {
 // "orders:client:ada" or, for a composite key, "orders:client:ada:ip:10.0.0.7".
 // A missing component is empty, so callers lacking it share one bucket
 // ("orders:client:"); missing reports whether any component was missing.
-func (p *Policy) partition(a *Request, c *Client, hops int) (key string, missing bool) {
+func (p *Policy) partition(a *Request, c *Client, ip identity.IPRule) (key string, missing bool) {
 	if len(p.Key) == 0 {
 		return p.prefix, false
 	}
 	var buf [128]byte // most keys fit: one allocation, for the string
 	b := append(buf[:0], p.prefix...)
 	for _, k := range p.Key {
-		v := keyValue(k, a, c, hops)
+		v := keyValue(k, a, c, ip)
 		if v == "" {
 			missing = true
 		}
@@ -88,14 +88,14 @@ func (p *Policy) partition(a *Request, c *Client, hops int) (key string, missing
 	return string(b), missing
 }
 
-func keyValue(k config.KeyPart, a *Request, c *Client, hops int) string {
+func keyValue(k config.KeyPart, a *Request, c *Client, ip identity.IPRule) string {
 	switch k.Kind {
 	case config.KeyClient:
 		if c != nil {
 			return c.ID
 		}
 	case config.KeyIP:
-		return identity.ClientIP(a.Peer, a.Headers["x-forwarded-for"], hops)
+		return ip.Key(a.Peer, a.Headers["x-forwarded-for"])
 	case config.KeyHeader:
 		return a.Headers[k.Name]
 	case config.KeyClaim:
