@@ -4,9 +4,16 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
@@ -190,5 +197,81 @@ policies:
 		if got := via(tc.ip); got != tc.want {
 			t.Fatalf("x-forwarded-for %s: %d, want %d", tc.ip, got, tc.want)
 		}
+	}
+}
+
+// A YAML alias bomb of issue 15's shape (a policy of 2,400 unknown fields
+// aliased 2,400 times, 39 KB) is refused after a bounded number of steps:
+// validate exits 1 saying it stopped, where it once formatted millions of
+// errors (18 s on this machine).
+func TestValidateRefusesAnAliasBomb(t *testing.T) {
+	const n = 2400
+	var b strings.Builder
+	b.WriteString("policies:\n  - &p {")
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "k%d: v", i)
+	}
+	b.WriteString("}\n")
+	b.WriteString(strings.Repeat("  - *p\n", n))
+	path := filepath.Join(t.TempDir(), "bomb.yaml")
+	must(t, os.WriteFile(path, []byte(b.String()), 0o600))
+	out, err := exec.Command(binary, "validate", "-config", path).CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("validate: %v, want exit 1", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) > 51 || !strings.HasSuffix(lines[len(lines)-1], "and more errors; checking stopped after the first 50") {
+		t.Fatalf("validate printed %d lines, ending:\n%s", len(lines), tail(string(out), 3))
+	}
+}
+
+// SIGTERM is answered while a reload is stuck reading the file: reloads
+// run off the signal loop. The configuration path is replaced by a FIFO
+// that the test opens for writing and never writes, so a reload (SIGHUP)
+// blocks reading it until the process ends; the file watch ignores what
+// is not a regular file.
+func TestSIGTERMDuringAStuckReloadDrainsPromptly(t *testing.T) {
+	s := startSidecar(t, ordersFor("limit: 100, window: 1m"))
+	fifo := filepath.Join(filepath.Dir(s.config), "next.yaml")
+	must(t, syscall.Mkfifo(fifo, 0o600))
+	must(t, os.Rename(fifo, s.config))
+	must(t, s.cmd.Process.Signal(syscall.SIGHUP))
+	// Opening a FIFO for writing without blocking succeeds only once a
+	// reader has it open: the reload is reading. Polling is the only way
+	// to see that from outside the process.
+	var w *os.File
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f, err := os.OpenFile(s.config, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			w = f
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload opened the configuration within 10s: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond) // polling for the reader
+	}
+	defer w.Close()
+	if r := s.check(adaOrder(0)); httpStatus(r) != 200 {
+		t.Fatalf("a Check during the stuck reload: %d", httpStatus(r))
+	}
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-s.done:
+		s.done <- err
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(10 * time.Second): // the -grace default: draining never waits on a reload
+		t.Fatalf("extauthz did not exit within 10s of SIGTERM while a reload was stuck:\n%s", tail(s.logs.String(), 10))
+	}
+	logs := s.logs.String()
+	if r, d := strings.Index(logs, `"msg":"reloading configuration"`), strings.Index(logs, `"msg":"shutting down"`); r < 0 || d < r || !strings.Contains(logs, `"msg":"stopped"`) {
+		t.Fatalf("want the reload begun, then shutting down and stopped:\n%s", tail(logs, 10))
 	}
 }

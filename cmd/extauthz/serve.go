@@ -231,14 +231,31 @@ func (s *sidecar) run() (int, error) {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	reloads := make(chan struct{}, 1)
-	if cfg.Source != config.EmbeddedSource {
-		stop, err := watchConfig(cfg.Source, cfg.Digest, s.log, func() {
+	// Reloads run one at a time on a goroutine of their own, never on this
+	// loop: reading and checking a file can take long (a slow volume, a
+	// hostile file, a FIFO nobody writes), and SIGTERM must always be
+	// answered at once. A trigger while one is pending is folded into it.
+	reloads := make(chan string, 1)
+	reloadStop := make(chan struct{})
+	defer close(reloadStop)
+	go func() {
+		for {
 			select {
-			case reloads <- struct{}{}:
-			default: // one is pending already
+			case why := <-reloads:
+				s.reload(why)
+			case <-reloadStop:
+				return
 			}
-		})
+		}
+	}()
+	trigger := func(why string) {
+		select {
+		case reloads <- why:
+		default: // one is pending already; it will read the file as it is then
+		}
+	}
+	if cfg.Source != config.EmbeddedSource {
+		stop, err := watchConfig(cfg.Source, cfg.Digest, s.log, func() { trigger("file changed") })
 		if err != nil {
 			s.log.Warn("cannot watch the configuration file; reload with SIGHUP", "config", cfg.Source, "error", err.Error())
 		} else {
@@ -257,11 +274,9 @@ func (s *sidecar) run() (int, error) {
 		select {
 		case err := <-errc:
 			return 1, fmt.Errorf("server stopped: %w", err)
-		case <-reloads:
-			s.reload("file changed")
 		case sig := <-sigs:
 			if sig == syscall.SIGHUP {
-				s.reload("SIGHUP")
+				trigger("SIGHUP")
 				continue
 			}
 			s.log.Info("shutting down", "signal", sig.String())
@@ -271,13 +286,14 @@ func (s *sidecar) run() (int, error) {
 }
 
 // reload re-reads the configuration file. An invalid file keeps the running
-// configuration. Reloads run one at a time, on the main loop.
+// configuration. Reloads run one at a time, off the signal loop (run).
 func (s *sidecar) reload(why string) {
 	src := s.checks.Config().Source
 	if src == config.EmbeddedSource {
 		s.log.Warn("reload ignored: serving the embedded default configuration, not a file")
 		return
 	}
+	s.log.Info("reloading configuration", "trigger", why, "config", src)
 	running := s.checks.Config()
 	cfg, err := config.Load(src)
 	if err == nil {

@@ -2,9 +2,11 @@ package main
 
 import (
 	"crypto/sha256"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -61,11 +63,23 @@ func watchConfig(path string, parsed [32]byte, log *slog.Logger, reload func()) 
 }
 
 // fileSum is the SHA-256 of the file's content, following symlinks; ok is
-// false while it cannot be read (mid-swap).
+// false while it cannot be read (mid-swap) or is not a regular file. The
+// file is opened without blocking, so a FIFO put in its place cannot stall
+// the watch (and with it, shutdown, which waits for the watch to end); a
+// reload (SIGHUP) still reads whatever the path names.
 func fileSum(path string) (sum [32]byte, ok bool) {
-	data, err := os.ReadFile(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return sum, false
 	}
-	return sha256.Sum256(data), true
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return sum, false
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return sum, false
+	}
+	h.Sum(sum[:0])
+	return sum, true
 }

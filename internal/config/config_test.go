@@ -2,6 +2,8 @@ package config
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -181,5 +183,39 @@ func TestAliasExpansionIsBounded(t *testing.T) {
 	}
 	if n := strings.Count(err.Error(), "\n"); n > maxErrors+1 {
 		t.Fatalf("%d error lines; at most %d are kept", n, maxErrors+1)
+	}
+}
+
+// The shapes of issue 15's alias bombs: a policy of a thousand unknown
+// fields, and one of a thousand context entries, each aliased a thousand
+// times (about 20 KB). Every refused field and every map entry counts
+// toward the bound, and decoding stops once maxErrors are kept, so each
+// file costs a bounded number of steps: at most maxValues nodes and
+// maxErrors refusals, where the unknown fields once cost a million
+// refusals, each formatting the list of known fields.
+func TestAliasBombsStopEarly(t *testing.T) {
+	const n = 1000
+	fields := make([]string, n)
+	for i := range fields {
+		fields[i] = fmt.Sprintf("k%d: v", i)
+	}
+	aliases := strings.Repeat("  - *p\n", n)
+	for name, doc := range map[string]string{
+		"unknown fields":   "policies:\n  - &p {" + strings.Join(fields, ", ") + "}\n" + aliases,
+		"context entries":  "policies:\n  - &p {name: p, limit: 1, window: 1m, match: {context: {" + strings.Join(fields, ", ") + "}}}\n" + aliases,
+		"aliases of lists": "x: &x [" + strings.Repeat("GET, ", n) + "GET]\npolicies:\n  - &p {name: p, limit: 1, window: 1m, match: {methods: *x}}\n" + aliases,
+	} {
+		_, err := Parse([]byte(doc), "bomb.yaml")
+		var es *Errors
+		if !errors.As(err, &es) {
+			t.Fatalf("%s: err = %.200v", name, err)
+		}
+		if refusals := len(es.List) + es.dropped; es.visited > maxValues+1 || refusals > maxErrors+1 {
+			t.Fatalf("%s: %d nodes decoded and %d errors formatted; the bounds are %d and %d\n%.300v",
+				name, es.visited, refusals, maxValues, maxErrors, err)
+		}
+		if !strings.Contains(err.Error(), "expands to more than") && !strings.Contains(err.Error(), "checking stopped after the first 50") {
+			t.Fatalf("%s: the error does not say decoding stopped:\n%.300v", name, err)
+		}
 	}
 }
