@@ -275,3 +275,83 @@ func TestSIGTERMDuringAStuckReloadDrainsPromptly(t *testing.T) {
 		t.Fatalf("want the reload begun, then shutting down and stopped:\n%s", tail(logs, 10))
 	}
 }
+
+// Issue 15's eviction scan: with a path-keyed policy beside a per-client
+// one, 70 anonymous requests to distinct paths pushed a 64-key table's
+// entry for ada out, and ada, limited to 2 an hour, got 2 more. Keys seen
+// once now wait in a quarter of the table, so the scan churns only that
+// quarter: ada, seen twice, stays. bob, seen once, is pushed out; when he
+// comes back the table remembers the eviction and his bucket starts empty
+// from it, so he gets no more than the one unit he had left (he gets none:
+// the documented price of eviction).
+//
+// local.max_keys is 64, not the default 100,000, so that a scan of 70
+// requests overflows the table.
+func TestScanOfOneOffKeysEvictsNoBudget(t *testing.T) {
+	s := startSidecar(t, `
+local: {max_keys: 64}
+clients:
+  keys: [{id: ada, key: key-ada}, {id: bob, key: key-bob}]
+policies:
+  - {name: per-client, match: {path_prefix: /orders}, key: [client], limit: 2, window: 1h}
+  - {name: per-path, key: [path], limit: 100, window: 1m}
+`)
+	order := func(key string) int {
+		return httpStatus(s.check(envoyRequest{path: "/orders", headers: [][2]string{{"x-api-key", key}}}.build()))
+	}
+	for i, key := range []string{"key-ada", "key-ada", "key-bob"} {
+		if got := order(key); got != 200 {
+			t.Fatalf("order %d (%s): %d", i+1, key, got)
+		}
+	}
+	for i := 0; i < 70; i++ {
+		if got := httpStatus(s.check(envoyRequest{path: fmt.Sprintf("/scan/%d", i)}.build())); got != 200 {
+			t.Fatalf("scan request %d: %d", i, got)
+		}
+	}
+	if n := s.metric("extauthz_cache_evictions_total"); n < 70+3-64 {
+		t.Fatalf("%v evictions: the scan did not overflow the table", n)
+	}
+	if got := order("key-ada"); got != 429 {
+		t.Fatalf("ada's third order after the scan: %d, want 429 (limit 2 an hour)", got)
+	}
+	bob := 0
+	for i := 0; i < 3; i++ {
+		if order("key-bob") == 200 {
+			bob++
+		}
+	}
+	if bob > 1 {
+		t.Fatalf("bob, evicted with 1 unit left, was admitted %d more times", bob)
+	}
+	t.Logf("bob, evicted with 1 of 2 left, was admitted %d more times", bob)
+}
+
+// The first enforcing denial ends the decision: requests that per-client
+// denies create no entries in per-path, the policy after it, however many
+// distinct paths they name.
+func TestDeniedRequestCreatesNoStateAfterTheDenial(t *testing.T) {
+	s := startSidecar(t, `
+clients:
+  keys: [{id: ada, key: key-ada}]
+policies:
+  - {name: per-client, key: [client], limit: 2, window: 1h}
+  - {name: per-path, key: [path], limit: 100, window: 1m}
+`)
+	for i := 0; i < 32; i++ {
+		want := 200
+		if i >= 2 {
+			want = 429
+		}
+		r := s.check(envoyRequest{path: fmt.Sprintf("/p/%d", i), headers: [][2]string{{"x-api-key", "key-ada"}}}.build())
+		if got := httpStatus(r); got != want {
+			t.Fatalf("request %d: %d, want %d", i+1, got, want)
+		}
+	}
+	if n := s.metric("extauthz_cache_entries"); n != 3 {
+		t.Fatalf("%v cache entries, want 3 (ada's, and the two paths she was admitted to)", n)
+	}
+	if n := s.metric("extauthz_decisions_total", "policy", "per-path"); n != 2 {
+		t.Fatalf("per-path made %v decisions, want 2: it was asked after per-client denied", n)
+	}
+}

@@ -222,7 +222,10 @@ policies:
 	}
 }
 
-func TestRetryAfterIsLongestWait(t *testing.T) {
+// The first enforcing denial ends the decision: the policies after it are
+// not asked (nothing is taken or created in them), and the 429 describes
+// the policy that denied.
+func TestFirstDenialEndsTheDecision(t *testing.T) {
 	f := newFixture(t, `
 policies:
   - {name: second, limit: 1, window: 1s}
@@ -231,11 +234,24 @@ policies:
 	f.check(RequestSpec{})
 	r := f.check(RequestSpec{})
 	h := headerMap(r.GetDeniedResponse().GetHeaders())
-	if h["retry-after"] != "60" || h["ratelimit-policy"] != `"minute";q=1;w=60` || h["ratelimit"] != `"minute";r=0;t=60` {
+	if h["retry-after"] != "1" || h["ratelimit-policy"] != `"second";q=1;w=1` || h["ratelimit"] != `"second";r=0;t=1` {
 		t.Fatalf("headers = %v", h)
 	}
-	if !strings.Contains(r.GetDeniedResponse().GetBody(), `"violated-policies":["second","minute"]`) {
+	if !strings.Contains(r.GetDeniedResponse().GetBody(), `"violated-policies":["second"]`) {
 		t.Fatalf("body = %s", r.GetDeniedResponse().GetBody())
+	}
+	decisions := func(policy, result string) float64 {
+		return testutil.ToFloat64(f.m.Decisions.WithLabelValues(policy, "local", result))
+	}
+	if decisions("minute", "allowed") != 1 || decisions("minute", "denied") != 0 || decisions("minute", "refunded") != 0 {
+		t.Fatal("the policy after the denial was asked")
+	}
+	// A second on: second admits, minute denies and second is refunded.
+	f.now = f.now.Add(time.Second)
+	r = f.check(RequestSpec{})
+	h = headerMap(r.GetDeniedResponse().GetHeaders())
+	if h["retry-after"] != "59" || !strings.Contains(r.GetDeniedResponse().GetBody(), `"violated-policies":["minute"]`) || decisions("second", "refunded") != 1 {
+		t.Fatalf("headers = %v, body %s, refunds %v", h, r.GetDeniedResponse().GetBody(), decisions("second", "refunded"))
 	}
 }
 

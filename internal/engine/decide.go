@@ -103,7 +103,10 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 		v.Takes = append(v.Takes, Taken{Policy: p, Key: key, Limit: p.limitFor(caller)})
 	}
 
-	// 3. Ask every policy for one unit.
+	// 3. Ask the policies for one unit each, in configuration order. The
+	// first enforcing denial ends the decision: the policies after it
+	// are not asked, so a denied request creates no state in them (a
+	// caller cannot fill the table with keys a denied request names).
 	denied := false
 	for i := range v.Takes {
 		t := &v.Takes[i]
@@ -125,6 +128,10 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 		default:
 			t.Policy.denied.Inc()
 			denied = true
+		}
+		if denied {
+			v.Takes = v.Takes[:i+1]
+			break
 		}
 	}
 
@@ -222,7 +229,8 @@ func (v *Verdict) Tightest() *Taken {
 
 // Denials returns the enforcing policies that denied, by name, and the one
 // with the longest wait: a 429's Retry-After and RateLimit headers
-// describe it, so the client is told one consistent time.
+// describe it, so the client is told one consistent time. Decide stops at
+// the first enforcing denial, so of the policies it asked, one denied.
 func (v *Verdict) Denials() (worst *Taken, names []string) {
 	for i := range v.Takes {
 		t := &v.Takes[i]

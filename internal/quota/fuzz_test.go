@@ -22,7 +22,9 @@ import (
 //     algorithm can mean (a token bucket's wait is at most one interval,
 //     its reset at most the time to refill from empty; a window's wait and
 //     reset at most two windows; a hold at most max_delay);
-//   - a denied request retried exactly RetryAfter later is admitted.
+//   - a denied request retried exactly RetryAfter later is admitted;
+//   - a key evicted and back (StartEmpty) admits no more than it would
+//     have, had it stayed.
 //
 // An overflow shows as a first request denied or a wait of decades (a
 // burst of 200,000 at one a day once answered its first request with
@@ -47,6 +49,13 @@ func FuzzLimitArithmetic(f *testing.F) {
 		{4, 1 << 40, 366 * day, 0, 100_000, int64(150 * time.Millisecond), 4, []byte{0, 0, 0, 1, 2, 3}}, // leaky bucket
 		{4, 1, 366 * day, 0, 0, 1, 1, []byte{0, 0, 5, 0}},
 		{4, 1 << 40, int64(time.Millisecond), 0, -1, int64(150 * time.Millisecond), 2, []byte{0, 0, 0, 0}},
+		// Evicted and back (op 4), for each algorithm.
+		{0, 10, int64(time.Minute), 0, 0, 0, 1, []byte{0, 0, 4, 1, 0, 0, 4, 5, 0, 0}},
+		{1, 10, int64(time.Minute), 0, 0, 0, 1, []byte{0, 0, 0, 0, 4, 6, 0, 0, 4, 1}},
+		{1, 3, int64(time.Minute), 0, 0, 0, 1, []byte{0, 0, 4, 20, 0, 0}}, // back in the next window
+		{2, 10, int64(time.Minute), 0, 0, 0, 1, []byte{0, 0, 4, 1, 0, 0}},
+		{3, 10, int64(time.Minute), 0, 0, 0, 1, []byte{0, 0, 4, 4, 0, 0}},
+		{4, 10, int64(time.Second), 0, 2, int64(150 * time.Millisecond), 1, []byte{0, 0, 0, 0, 4, 1, 0, 0}},
 	} {
 		f.Add(seed.alg, seed.limit, seed.window, seed.burst, seed.queue, seed.maxDelay, seed.peers, seed.ops)
 	}
@@ -69,7 +78,7 @@ func FuzzLimitArithmetic(f *testing.F) {
 		checkTake(t, &share, fl, now, true)
 		for i := 0; i+1 < len(ops); i += 2 {
 			now += fuzzStep(l, ops[i+1])
-			switch ops[i] % 4 {
+			switch ops[i] % 5 {
 			case 0, 1:
 				checkTake(t, &s, l, now, false)
 			case 2:
@@ -80,6 +89,16 @@ func FuzzLimitArithmetic(f *testing.F) {
 				remote := int64(ops[i+1]) * l.Capacity() / 255
 				share.CapToShare(l, fl, now, peers, remote, now-fuzzStep(l, ops[i+1]/2))
 				checkTake(t, &share, fl, now, false)
+			case 4:
+				// Evicted now, back a step later.
+				back := now + fuzzStep(l, ops[i+1]/3)
+				var again State
+				again.StartEmpty(l, now, back)
+				if got, had := admits(&again, l, back), admits(&s, l, back); got > had {
+					t.Fatalf("%+v: evicted at %d and back at %d, the key admits %d; had it stayed, %d", l, now, back, got, had)
+				}
+				s, now = again, back
+				checkTake(t, &s, l, now, false)
 			}
 		}
 	})
@@ -191,6 +210,18 @@ func checkTake(t *testing.T, s *State, l Limit, now int64, first bool) {
 			t.Fatalf("%+v: denied at %d with RetryAfter %v, and denied again then: %+v", l, now, d.RetryAfter, again)
 		}
 	}
+}
+
+// admits counts the units a copy of s grants at ns, up to 64.
+func admits(s *State, l Limit, ns int64) int {
+	c := clone(s)
+	n := 0
+	for ; n < 64; n++ {
+		if d, _ := c.Take(l, ns); !d.Allowed {
+			break
+		}
+	}
+	return n
 }
 
 // clone deep-copies a state, so a decision can be tried without spending.
