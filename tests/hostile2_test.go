@@ -355,3 +355,62 @@ policies:
 		t.Fatalf("per-path made %v decisions, want 2: it was asked after per-client denied", n)
 	}
 }
+
+// Guessing keys costs: with clients.auth_failures at 10 a minute, 30
+// unknown keys from one address get 10 × 401 and then 429s, and from then
+// on that address is refused whatever key it presents, the right one too
+// (else a 200 among 429s would mark a right guess). Other addresses, and
+// requests without a key, are not affected; a known key spends nothing.
+func TestAuthFailuresAreLimitedPerAddress(t *testing.T) {
+	s := startSidecar(t, `
+clients:
+  keys: [{id: ada, key: key-ada}]
+  auth_failures: {limit: 10, window: 1m}
+policies:
+  - {name: per-client, key: [client], limit: 1000, window: 1m}
+`)
+	from := func(ip, key string) *authv3.CheckResponse {
+		req := envoyRequest{sourceIP: ip}
+		if key != "" {
+			req.headers = [][2]string{{"x-api-key", key}}
+		}
+		return s.check(req.build())
+	}
+	// A known key from the guesser's address spends nothing.
+	for i := 0; i < 20; i++ {
+		if got := httpStatus(from("203.0.113.9", "key-ada")); got != 200 {
+			t.Fatalf("ada's request %d before any guess: %d", i+1, got)
+		}
+	}
+	counts := map[int]int{}
+	for i := 0; i < 30; i++ {
+		counts[httpStatus(from("203.0.113.9", fmt.Sprintf("guess-%d", i)))]++
+	}
+	if counts[401] != 10 || counts[429] != 20 {
+		t.Fatalf("30 unknown keys from one address: %v, want 10 × 401 and 20 × 429", counts)
+	}
+	r := from("203.0.113.9", "key-ada")
+	if p := problemBody(t, r); httpStatus(r) != 429 || fmt.Sprint(p["violated-policies"]) != "[_auth_failures]" ||
+		deniedHeaders(r)["ratelimit-policy"] != `"_auth_failures";q=10;w=60` || deniedHeaders(r)["retry-after"] != "6" {
+		t.Fatalf("the right key from the guessing address: %d %v %v", httpStatus(r), p, deniedHeaders(r))
+	}
+	for _, tc := range []struct{ ip, key string }{{"203.0.113.10", "key-ada"}, {"203.0.113.10", "guess-x"}, {"203.0.113.9", ""}} {
+		want := 200
+		if tc.key == "guess-x" {
+			want = 401
+		}
+		if got := httpStatus(from(tc.ip, tc.key)); got != want {
+			t.Fatalf("from %s with key %q: %d, want %d", tc.ip, tc.key, got, want)
+		}
+	}
+	mfs := s.metrics()
+	if n := sumMetric(mfs, "extauthz_decisions_total", "policy", "_auth_failures", "result", "allowed"); n != 11 {
+		t.Fatalf("auth failures counted: %v, want 11 (10 + 1 from the other address)", n)
+	}
+	if n := sumMetric(mfs, "extauthz_decisions_total", "policy", "_auth_failures", "result", "denied"); n != 21 {
+		t.Fatalf("auth failure refusals: %v, want 21", n)
+	}
+	if n := sumMetric(mfs, "extauthz_checks_total", "outcome", "over_limit"); n != 21 {
+		t.Fatalf("over_limit checks: %v, want 21", n)
+	}
+}

@@ -49,6 +49,10 @@ func printSummary(w io.Writer, cfg *config.Config) {
 	}
 	fmt.Fprintf(w, "grpc %s, admin %s, redis %s, %d client keys, local cache %d keys\n",
 		cfg.Listen.GRPC, orNone(cfg.Listen.Admin), store, len(cfg.Clients.Keys), cfg.Local.MaxKeys)
+	if af := cfg.Clients.AuthFailures; af != nil {
+		fmt.Fprintf(w, "unknown API keys: at most %d per %s from one client address (IPv4 /%d, IPv6 /%d), then 429 for any key from it\n",
+			af.Limit, af.Window, cfg.IPv4Prefix, cfg.IPv6Prefix)
+	}
 	if len(cfg.Policies) == 0 {
 		fmt.Fprintln(w, "no policies: every request is allowed")
 		return

@@ -528,3 +528,40 @@ policies:
 		}
 	}
 }
+
+// clients.auth_failures in process: unknown keys spend an address's
+// failures and then get 429, the right key too; a failure comes back
+// every window/limit; a known key creates no state.
+func TestAuthFailures(t *testing.T) {
+	f := newFixture(t, `
+clients:
+  keys: [{id: ada, key: key-ada}]
+  auth_failures: {limit: 2, window: 1m}
+policies:
+  - {name: p, limit: 100, window: 1m}
+`)
+	key := func(k string) *authv3.CheckResponse {
+		return f.check(RequestSpec{Source: "10.0.0.1", Headers: map[string]string{"x-api-key": k}})
+	}
+	status := func(r *authv3.CheckResponse) int32 { return int32(r.GetDeniedResponse().GetStatus().GetCode()) }
+	if r := key("key-ada"); !allowed(r) || f.cache.Len() != 1 {
+		t.Fatalf("ada: %v; %d cache entries (want only the policy's)", r, f.cache.Len())
+	}
+	for i, want := range []int32{401, 401, 429} {
+		if got := status(key("wrong")); got != want {
+			t.Fatalf("unknown key %d: %d, want %d", i+1, got, want)
+		}
+	}
+	r := key("key-ada")
+	h := headerMap(r.GetDeniedResponse().GetHeaders())
+	if status(r) != 429 || h["retry-after"] != "30" || h["ratelimit-policy"] != `"_auth_failures";q=2;w=60` {
+		t.Fatalf("the right key after two failures: %d %v", status(r), h)
+	}
+	f.now = f.now.Add(30 * time.Second) // one failure restored
+	if r := key("key-ada"); !allowed(r) {
+		t.Fatalf("ada, a failure later: %v", r)
+	}
+	if got := status(key("wrong")); got != 401 {
+		t.Fatalf("a restored failure: %d, want 401", got)
+	}
+}

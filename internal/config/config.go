@@ -147,6 +147,10 @@ type Clients struct {
 	Bearer bool   // also accept "authorization: Bearer <key>"
 	Strip  bool   // remove the credential before the upstream sees it
 	Keys   []Client
+	// AuthFailures limits the unknown API keys one client address (the ip
+	// key part's address or network) may present, as a token bucket
+	// counted in this process; nil: no limit.
+	AuthFailures *Plan
 }
 
 // Client is one known API key holder.

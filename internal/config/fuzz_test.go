@@ -97,6 +97,9 @@ func comparable(c *Config) Config {
 const everySetting = `
 listen: {grpc: "0.0.0.0:9001", admin: "", tls: {cert_file: testdata/full.yaml, key_file: testdata/full.yaml, client_ca_file: testdata/full.yaml}}
 redis: {addrs: [a:1, b:2], tls: {ca_file: testdata/full.yaml, server_name: r, insecure_skip_verify: true}}
+ipv4_prefix: 24
+ipv6_prefix: 56
+clients: {auth_failures: {limit: 5, window: 1m, burst: 10}}
 policies:
   - {name: lb, limit: 10, window: 1s, algorithm: leaky_bucket, queue: 3, max_delay: 120ms, mode: redis}
   - {name: lb2, limit: 10, window: 1s, algorithm: leaky_bucket}
@@ -178,7 +181,11 @@ func render(t *testing.T, c *Config) []byte {
 		}
 		keys = append(keys, m)
 	}
-	doc["clients"] = map[string]any{"header": c.Clients.Header, "bearer": c.Clients.Bearer, "strip": c.Clients.Strip, "keys": keys}
+	clients := map[string]any{"header": c.Clients.Header, "bearer": c.Clients.Bearer, "strip": c.Clients.Strip, "keys": keys}
+	if af := c.Clients.AuthFailures; af != nil {
+		clients["auth_failures"] = map[string]any{"limit": af.Limit, "window": af.Window.String(), "burst": af.Burst}
+	}
+	doc["clients"] = clients
 	plans := map[string]any{}
 	for name, p := range c.Plans {
 		plans[name] = map[string]any{"limit": p.Limit, "window": p.Window.String(), "burst": p.Burst}

@@ -92,10 +92,11 @@ type rawFallback struct {
 }
 
 type rawClients struct {
-	Header string      `yaml:"header"`
-	Bearer *bool       `yaml:"bearer"`
-	Strip  *bool       `yaml:"strip"`
-	Keys   []rawClient `yaml:"keys"`
+	Header       string      `yaml:"header"`
+	Bearer       *bool       `yaml:"bearer"`
+	Strip        *bool       `yaml:"strip"`
+	Keys         []rawClient `yaml:"keys"`
+	AuthFailures *rawPlan    `yaml:"auth_failures"`
 }
 
 type rawClient struct {

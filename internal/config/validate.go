@@ -304,6 +304,10 @@ func validateClients(r *rawClients, plans map[string]Plan, errs *Errors, warning
 	if r.Strip != nil {
 		c.Strip = *r.Strip
 	}
+	if r.AuthFailures != nil {
+		af := validatePlan(*r.AuthFailures, "clients.auth_failures", errs)
+		c.AuthFailures = &af
+	}
 	ids := map[string]int{}
 	digests := map[[32]byte]int{}
 	for i, k := range r.Keys {

@@ -76,6 +76,13 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 	// before any policy runs, and leaves no state behind.
 	caller, credHeader, keyLen := e.identify(req)
 	v.Client, v.CredHeader = caller, credHeader
+	if credHeader != "" && e.authFail != nil {
+		// clients.auth_failures: an address that presented too many
+		// unknown keys is refused whatever key it presents now.
+		if decided, err := e.limitAuthFailures(ctx, req, caller, now, v); decided || err != nil {
+			return err
+		}
+	}
 	if credHeader != "" && caller == nil {
 		v.Outcome, v.Detail = Unauthorized, "Unknown API key."
 		if keyLen > identity.MaxKeyLen {

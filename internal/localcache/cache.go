@@ -170,6 +170,13 @@ func (s *Shard[V]) Peek(key string) (V, bool) {
 	return s.recent.Peek(key)
 }
 
+// Evicted returns the instant remembered with key's ghost, when key is not
+// held and was evicted recently enough to be remembered (see AddAt). It
+// changes nothing. The shard must be locked.
+func (s *Shard[V]) Evicted(key string) (at int64, ok bool) {
+	return s.ghosts.Peek(maphash.String(s.c.seed, key))
+}
+
 // Add stores value under key, evicting an entry when the shard is full.
 // It is AddAt with no instant. The shard must be locked.
 func (s *Shard[V]) Add(key string, value V) { s.AddAt(key, value, 0) }

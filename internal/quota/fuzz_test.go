@@ -23,6 +23,7 @@ import (
 //     its reset at most the time to refill from empty; a window's wait and
 //     reset at most two windows; a hold at most max_delay);
 //   - a denied request retried exactly RetryAfter later is admitted;
+//   - Peek foretells Take;
 //   - a key evicted and back (StartEmpty) admits no more than it would
 //     have, had it stayed.
 //
@@ -180,9 +181,13 @@ func fuzzStep(l Limit, b byte) int64 {
 func checkTake(t *testing.T, s *State, l Limit, now int64, first bool) {
 	t.Helper()
 	before := clone(s)
+	peeked, _ := s.Peek(l, now)
 	d, err := s.Take(l, now)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if peeked != d {
+		t.Fatalf("%+v at %d: Peek said %+v, Take decided %+v", l, now, peeked, d)
 	}
 	iv, w := l.Interval(), int64(l.Window)
 	var maxRemaining, maxRetry, maxReset int64

@@ -53,7 +53,10 @@ type Limiter struct {
 	table *Table
 }
 
-var _ quota.Limiter = (*Limiter)(nil)
+var (
+	_ quota.Limiter = (*Limiter)(nil)
+	_ quota.Peeker  = (*Limiter)(nil)
+)
 
 // New returns the local-mode limiter keeping its counts in table.
 func New(table *Table) *Limiter { return &Limiter{table: table} }
@@ -65,6 +68,23 @@ func (l *Limiter) Take(_ context.Context, key string, lim quota.Limit, now time.
 	d, err := stateLocked(sh, key, lim, ns).Take(lim, ns)
 	sh.Unlock()
 	return d, err
+}
+
+// Peek implements quota.Peeker: what Take would decide, key's entry and
+// the table's order left as they are. A key the table does not hold is
+// judged as Take would create it (fresh, or empty from its eviction).
+func (l *Limiter) Peek(_ context.Context, key string, lim quota.Limit, now time.Time) (quota.Decision, error) {
+	ns := now.UnixNano()
+	sh := l.table.Lock(key)
+	defer sh.Unlock()
+	if s, ok := sh.Peek(key); ok {
+		return s.Peek(lim, ns)
+	}
+	var s quota.State
+	if at, evicted := sh.Evicted(key); evicted {
+		s.StartEmpty(lim, at, ns)
+	}
+	return s.Take(lim, ns)
 }
 
 // Refund implements quota.Limiter. It does not count as a use of the key:
