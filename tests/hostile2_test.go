@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -412,5 +413,72 @@ policies:
 	}
 	if n := sumMetric(mfs, "extauthz_checks_total", "outcome", "over_limit"); n != 21 {
 		t.Fatalf("over_limit checks: %v, want 21", n)
+	}
+}
+
+// A sliding_log policy's memory in this process is bounded in bytes:
+// limit × local.max_keys × 8 B at worst, which validate states, and a
+// policy over local.max_log_bytes (256 MiB by default) is refused with
+// the arithmetic and the ways out.
+func TestSlidingLogMemoryIsBoundedInBytes(t *testing.T) {
+	dir := t.TempDir()
+	validate := func(cfg string) (string, int) {
+		path := filepath.Join(dir, "sl.yaml")
+		must(t, os.WriteFile(path, []byte(cfg), 0o600))
+		out, err := exec.Command(binary, "validate", "-config", path).CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), 0
+	}
+	out, code := validate("policies:\n  - {name: logins, key: [ip], limit: 100, window: 1h, algorithm: sliding_log}\n")
+	if want := "sliding_log logins: up to 76.3 MiB of logs in this process (100 entries × local.max_keys 100000 × 8 B; local.max_log_bytes 256 MiB)"; code != 0 || !strings.Contains(out, want) {
+		t.Fatalf("validate, limit 100: exit %d\n%s\nwant the line %q", code, out, want)
+	}
+	out, code = validate("policies:\n  - {name: logins, key: [ip], limit: 1000, window: 1h, algorithm: sliding_log}\n")
+	if want := "policies[0].limit: 1000 needs up to 762.9 MiB of sliding logs in this process"; code != 1 || !strings.Contains(out, want) {
+		t.Fatalf("validate, limit 1000: exit %d\n%s\nwant exit 1 and %q", code, out, want)
+	}
+	// The same policy with a table of 10,000 keys fits: 76.3 MiB.
+	if out, code = validate("local: {max_keys: 10000}\npolicies:\n  - {name: logins, key: [ip], limit: 1000, window: 1h, algorithm: sliding_log}\n"); code != 0 {
+		t.Fatalf("validate, limit 1000 over 10,000 keys: exit %d\n%s", code, out)
+	}
+}
+
+// `extauthz serve` with neither -config nor $EXTAUTHZ_CONFIG (what `go run
+// ./cmd/extauthz` does) serves the embedded demo, and says at start-up,
+// in its banner and in a warning log record, that it accepts a published
+// key. (The container image sets $EXTAUTHZ_CONFIG, so it never does:
+// tests/deploy TestImageRequiresAMountedConfig.) The demo listens on
+// 127.0.0.1:9001; when that port is taken it exits after saying so, which
+// is all this test reads.
+func TestDemoConfigurationSaysSo(t *testing.T) {
+	cmd := exec.Command(binary, "serve", "-log-format", "json")
+	cmd.Env = append(os.Environ(), "EXTAUTHZ_CONFIG=")
+	stderr, err := cmd.StderrPipe()
+	must(t, err)
+	must(t, cmd.Start())
+	defer cmd.Wait()
+	defer cmd.Process.Signal(syscall.SIGTERM)
+	var seen strings.Builder
+	banner, warned := false, false
+	sc := bufio.NewScanner(stderr)
+	// Until both are seen, or the process says it is serving (everything
+	// at start-up comes before that), or it exits.
+	for !(banner && warned) && sc.Scan() {
+		line := sc.Text()
+		seen.WriteString(line + "\n")
+		if strings.Contains(line, `"msg":"serving"`) {
+			break
+		}
+		banner = banner || strings.Contains(line, "no -config and no $EXTAUTHZ_CONFIG: serving the embedded demo configuration")
+		warned = warned || (strings.Contains(line, `"level":"WARN"`) && strings.Contains(line, "accepts the published demo key key-demo-123"))
+	}
+	if !banner || !warned {
+		t.Fatalf("start-up output does not say the demo configuration is served (banner %v, warning %v):\n%s", banner, warned, seen.String())
 	}
 }

@@ -74,19 +74,28 @@ func runServe(e env, args []string) (int, error) {
 	if err != nil {
 		return 2, fmt.Errorf("%w: %v", errUsage, err)
 	}
+	source := "-config"
 	if f.config == "" {
-		f.config = os.Getenv(ConfigEnv)
+		f.config, source = os.Getenv(ConfigEnv), "$"+ConfigEnv
 	}
 
 	var cfg *config.Config
 	if f.config == "" {
+		// The embedded demo, for `go run ./cmd/extauthz` on a workstation.
+		// Its key is published, so it says so loudly; the container image
+		// sets $EXTAUTHZ_CONFIG and never gets here.
 		cfg = config.Default()
-		fmt.Fprintf(e.stderr, "extauthz: no -config and no $%s: serving the embedded default configuration (local mode, no Redis)\n", ConfigEnv)
+		fmt.Fprintf(e.stderr, "extauthz: no -config and no $%s: serving the embedded demo configuration (local mode, no Redis)\n", ConfigEnv)
 		printSummary(e.stderr, cfg)
 		fmt.Fprintf(e.stderr, "try: extauthz check -H 'x-api-key: key-demo-123' GET /orders   (the 6th call in a minute gets 429)\n")
 		fmt.Fprintf(e.stderr, "     extauthz check GET /   (no key: anonymous callers share 10 a minute)\n\n")
+		log.Warn("serving the embedded demo configuration, which accepts the published demo key key-demo-123: for trying extauthz out, never for a deployment; give -config FILE or $" + ConfigEnv)
 	} else {
 		cfg, err = config.Load(f.config)
+		if errors.Is(err, os.ErrNotExist) {
+			return 1, fmt.Errorf("no configuration file at %s (from %s): mount one there or name one with -config FILE; "+
+				"the embedded demo configuration (with its published demo key) is served only when neither -config nor $%s is set", f.config, source, ConfigEnv)
+		}
 		if err != nil {
 			return 1, err
 		}

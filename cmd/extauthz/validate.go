@@ -64,6 +64,19 @@ func printSummary(w io.Writer, cfg *config.Config) {
 			describeLimit(cfg, p), p.Algorithm, p.Mode, describeFlags(p))
 	}
 	tw.Flush()
+	for _, p := range cfg.Policies {
+		if p.Algorithm != config.SlidingLog {
+			continue
+		}
+		n := p.Limit
+		for _, plan := range cfg.Plans {
+			if p.UsePlan {
+				n = max(n, plan.Limit)
+			}
+		}
+		fmt.Fprintf(w, "sliding_log %s: up to %s of logs in this process (%d entries × local.max_keys %d × %d B; local.max_log_bytes %s)\n",
+			p.Name, config.FormatBytes(config.SlidingLogBytes(n, cfg.Local.MaxKeys)), n, cfg.Local.MaxKeys, config.LogEntryBytes, config.FormatBytes(cfg.Local.MaxLogBytes))
+	}
 }
 
 func orNone(s string) string {

@@ -128,6 +128,10 @@ type Redis struct {
 type Local struct {
 	MaxKeys   int
 	SliceIdle time.Duration // hybrid: unspent tokens go back to Redis after this
+	// MaxLogBytes bounds what any one sliding_log policy's logs may take
+	// in this process at worst (SlidingLogBytes); a policy that could take
+	// more is refused.
+	MaxLogBytes int64
 }
 
 // Headers holds response header options.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -217,5 +218,26 @@ func TestAliasBombsStopEarly(t *testing.T) {
 		if !strings.Contains(err.Error(), "expands to more than") && !strings.Contains(err.Error(), "checking stopped after the first 50") {
 			t.Fatalf("%s: the error does not say decoding stopped:\n%.300v", name, err)
 		}
+	}
+}
+
+func TestBytes(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "4096": 4096, "4096B": 4096, "256MiB": 256 << 20, "1 GiB": 1 << 30, "3KiB": 3072} {
+		if got, ok := parseBytes(in); !ok || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, ok, want)
+		}
+	}
+	for _, in := range []string{"", "-1", "1.5MiB", "1 MB", "9223372036854775807GiB", "MiB"} {
+		if got, ok := parseBytes(in); ok {
+			t.Errorf("parseBytes(%q) = %d; want an error", in, got)
+		}
+	}
+	for in, want := range map[int64]string{0: "0 B", 800: "800 B", 256 << 20: "256 MiB", 80_000_000: "76.3 MiB", 3 << 30: "3 GiB"} {
+		if got := FormatBytes(in); got != want {
+			t.Errorf("FormatBytes(%d) = %q, want %q", in, got, want)
+		}
+	}
+	if got := SlidingLogBytes(MaxSlidingLogLimit, math.MaxInt); got != math.MaxInt64 {
+		t.Errorf("SlidingLogBytes does not saturate: %d", got)
 	}
 }

@@ -153,7 +153,7 @@ func render(t *testing.T, c *Config) []byte {
 	doc := map[string]any{
 		"listen":          listen,
 		"default_mode":    string(c.DefaultMode),
-		"local":           map[string]any{"max_keys": c.Local.MaxKeys, "slice_idle": c.Local.SliceIdle.String()},
+		"local":           map[string]any{"max_keys": c.Local.MaxKeys, "slice_idle": c.Local.SliceIdle.String(), "max_log_bytes": strconv.FormatInt(c.Local.MaxLogBytes, 10)},
 		"ip_trusted_hops": c.IPTrustedHops,
 		"ipv4_prefix":     c.IPv4Prefix,
 		"ipv6_prefix":     c.IPv6Prefix,

@@ -78,8 +78,9 @@ func (t *rawClientTLS) decodeNode(n *yaml.Node, path string, errs *Errors) {
 }
 
 type rawLocal struct {
-	MaxKeys   int    `yaml:"max_keys"`
-	SliceIdle string `yaml:"slice_idle"`
+	MaxKeys     int    `yaml:"max_keys"`
+	SliceIdle   string `yaml:"slice_idle"`
+	MaxLogBytes string `yaml:"max_log_bytes"`
 }
 
 type rawHeaders struct {

@@ -55,7 +55,7 @@ var (
 func validate(r *rawConfig, errs *Errors) *Config {
 	c := &Config{
 		Listen: Listen{GRPC: DefaultGRPC, Admin: DefaultAdmin, Reflection: r.Listen.Reflection},
-		Local:  Local{MaxKeys: DefaultMaxKeys, SliceIdle: DefaultSliceIdle},
+		Local:  Local{MaxKeys: DefaultMaxKeys, SliceIdle: DefaultSliceIdle, MaxLogBytes: DefaultMaxLogBytes},
 		Fallback: Fallback{
 			PeerTTL:  DefaultPeerTTL,
 			MinPeers: DefaultMinPeers,
@@ -114,6 +114,13 @@ func validate(r *rawConfig, errs *Errors) *Config {
 		errs.add("local.max_keys", "%d must be at least 1", r.Local.MaxKeys)
 	}
 	durationField(r.Local.SliceIdle, "local.slice_idle", &c.Local.SliceIdle, errs)
+	if r.Local.MaxLogBytes != "" {
+		if n, ok := parseBytes(r.Local.MaxLogBytes); ok && n > 0 {
+			c.Local.MaxLogBytes = n
+		} else {
+			errs.add("local.max_log_bytes", "%q is not a positive size (bytes, or with KiB, MiB or GiB: 256MiB)", r.Local.MaxLogBytes)
+		}
+	}
 
 	if c.IPTrustedHops < 0 || c.IPTrustedHops > maxTrustedHops {
 		errs.add("ip_trusted_hops", "%d must be between 0 and %d", c.IPTrustedHops, maxTrustedHops)
