@@ -504,10 +504,21 @@ func TestUpdateKeepsCounts(t *testing.T) {
 // BenchmarkCheckLocal measures one in-process Check in local mode: identity
 // by API key, one matching policy, a token bucket far from its limit.
 func BenchmarkCheckLocal(b *testing.B) {
+	benchmarkCheckLocal(b, "")
+}
+
+// BenchmarkCheckLocalAuthFailures is BenchmarkCheckLocal with
+// clients.auth_failures set, as in the examples: a known key also peeks
+// at its address's failure count.
+func BenchmarkCheckLocalAuthFailures(b *testing.B) {
+	benchmarkCheckLocal(b, "  auth_failures: {limit: 10, window: 1m}\n")
+}
+
+func benchmarkCheckLocal(b *testing.B, clients string) {
 	cfg, err := config.Parse([]byte(`
 clients:
   keys: [{id: ada, key: key-ada}]
-policies:
+`+clients+`policies:
   - {name: orders, match: {path_prefix: /orders}, key: [client], limit: 1000000000, window: 1s}
 `), "bench")
 	if err != nil {

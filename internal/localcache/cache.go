@@ -149,9 +149,14 @@ func (c *Cache[V]) Lock(key string) *Shard[V] {
 // Get returns key's value and marks it used: a key seen once before moves
 // to the frequent part. The shard must be locked.
 func (s *Shard[V]) Get(key string) (V, bool) {
+	return s.get(key) // one call, so that Get itself inlines
+}
+
+func (s *Shard[V]) get(key string) (V, bool) {
 	if v, ok := s.frequent.Get(key); ok {
 		return v, true
 	}
+	// Seen once before: promote it.
 	v, ok := s.recent.Peek(key)
 	if ok {
 		s.recent.Remove(key)

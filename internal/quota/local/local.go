@@ -35,15 +35,21 @@ func NewTable(maxKeys int) (*Table, error) {
 }
 
 // stateLocked returns key's state in the locked shard, creating it for a
-// decision under l at ns: a key the table evicted not long ago starts
-// empty from its eviction (quota.State.StartEmpty).
-func stateLocked(sh *localcache.Shard[*quota.State], key string, l quota.Limit, ns int64) *quota.State {
-	s, ok := sh.Get(key)
-	if !ok {
-		s = &quota.State{}
-		if at, evicted := sh.AddAt(key, s, ns); evicted {
-			s.StartEmpty(l, at, ns)
-		}
+// decision under l at ns (addLocked).
+func stateLocked(sh *localcache.Shard[*quota.State], key string, l *quota.Limit, ns int64) *quota.State {
+	if s, ok := sh.Get(key); ok {
+		return s
+	}
+	return addLocked(sh, key, l, ns)
+}
+
+// addLocked adds a state for key, which the locked shard does not hold: a
+// key the table evicted not long ago starts empty from its eviction
+// (quota.State.StartEmpty), a new one fresh.
+func addLocked(sh *localcache.Shard[*quota.State], key string, l *quota.Limit, ns int64) *quota.State {
+	s := &quota.State{}
+	if at, evicted := sh.AddAt(key, s, ns); evicted {
+		s.StartEmpty(*l, at, ns)
 	}
 	return s
 }
@@ -65,7 +71,12 @@ func New(table *Table) *Limiter { return &Limiter{table: table} }
 func (l *Limiter) Take(_ context.Context, key string, lim quota.Limit, now time.Time) (quota.Decision, error) {
 	ns := now.UnixNano()
 	sh := l.table.Lock(key)
-	d, err := stateLocked(sh, key, lim, ns).Take(lim, ns)
+	// stateLocked, written out: the hot path makes no call for it.
+	s, ok := sh.Get(key)
+	if !ok {
+		s = addLocked(sh, key, &lim, ns)
+	}
+	d, err := s.Take(lim, ns)
 	sh.Unlock()
 	return d, err
 }
