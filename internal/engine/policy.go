@@ -72,10 +72,6 @@ func (p *Policy) partition(a *Request, c *Client, ip identity.IPRule) (key strin
 	var buf [128]byte // most keys fit: one allocation, for the string
 	b := append(buf[:0], p.prefix...)
 	for _, k := range p.Key {
-		v := keyValue(k, a, c, ip)
-		if v == "" {
-			missing = true
-		}
 		b = append(b, ':')
 		b = append(b, k.Kind...)
 		if k.Name != "" {
@@ -83,19 +79,33 @@ func (p *Policy) partition(a *Request, c *Client, ip identity.IPRule) (key strin
 			b = appendEscaped(b, k.Name)
 		}
 		b = append(b, ':')
+		if k.Kind == config.KeyIP {
+			// Formatted on the stack, not into a string of its own.
+			var ipBuf [64]byte
+			ipb := ip.AppendKey(ipBuf[:0], a.Peer, a.Headers["x-forwarded-for"])
+			b = appendEscapedBytes(b, ipb)
+			if len(ipb) == 0 {
+				missing = true
+			}
+			continue
+		}
+		v := keyValue(k, a, c)
+		if v == "" {
+			missing = true
+		}
 		b = appendEscaped(b, v)
 	}
 	return string(b), missing
 }
 
-func keyValue(k config.KeyPart, a *Request, c *Client, ip identity.IPRule) string {
+// keyValue is a key part's value, but for the ip part, which partition
+// formats itself.
+func keyValue(k config.KeyPart, a *Request, c *Client) string {
 	switch k.Kind {
 	case config.KeyClient:
 		if c != nil {
 			return c.ID
 		}
-	case config.KeyIP:
-		return ip.Key(a.Peer, a.Headers["x-forwarded-for"])
 	case config.KeyHeader:
 		return a.Headers[k.Name]
 	case config.KeyClaim:
@@ -126,6 +136,12 @@ func appendEscaped(b []byte, v string) []byte {
 		b = append(b, digestPrefix...)
 		return hex.AppendEncode(b, sum[:16])
 	}
+	return appendEscapedBytes(b, v)
+}
+
+// appendEscapedBytes is appendEscaped's escaping, for a value of at most
+// maxKeyValue bytes.
+func appendEscapedBytes[S string | []byte](b []byte, v S) []byte {
 	const digits = "0123456789ABCDEF"
 	for i := 0; i < len(v); i++ {
 		c := v[i]

@@ -80,22 +80,29 @@ type IPRule struct {
 // network in CIDR notation ("2001:db8:1:2::/64"). It returns "" when no
 // address is known.
 func (r IPRule) Key(peer, xff string) string {
+	var buf [64]byte
+	return string(r.AppendKey(buf[:0], peer, xff))
+}
+
+// AppendKey appends Key(peer, xff) to b, without allocating when b has
+// room.
+func (r IPRule) AppendKey(b []byte, peer, xff string) []byte {
 	a, ok := clientAddr(peer, xff, r.TrustedHops)
 	if !ok {
-		return ""
+		return b
 	}
 	bits := r.IPv6Prefix
 	if a.Is4() {
 		bits = r.IPv4Prefix
 	}
 	if bits <= 0 || bits >= a.BitLen() {
-		return a.String()
+		return a.AppendTo(b)
 	}
 	p, err := a.Prefix(bits)
 	if err != nil {
-		return a.String()
+		return a.AppendTo(b)
 	}
-	return p.String()
+	return p.AppendTo(b)
 }
 
 // ClientIP returns the caller's address in canonical form. With hops == 0
