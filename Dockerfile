@@ -37,6 +37,12 @@ FROM gcr.io/distroless/static:nonroot
 COPY --from=build /out/extauthz /extauthz
 # Numeric, so Kubernetes runAsNonRoot can verify it without reading /etc/passwd.
 USER 65532:65532
+# The image serves the configuration mounted here (k8s/ mounts a ConfigMap
+# at /etc/extauthz) or the file -config names; without one it exits 1
+# saying so. The embedded demo configuration accepts a published demo key:
+# only a bare `extauthz serve` with neither -config nor $EXTAUTHZ_CONFIG
+# (`go run ./cmd/extauthz` on a workstation) serves it, never the image.
+ENV EXTAUTHZ_CONFIG=/etc/extauthz/extauthz.yaml
 # 9001: gRPC Authorization/Check and grpc.health.v1. 9090: /metrics /healthz /readyz.
 EXPOSE 9001 9090
 ENTRYPOINT ["/extauthz"]

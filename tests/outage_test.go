@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
@@ -560,7 +561,7 @@ func waitHeartbeats(t *testing.T, rdb *redis.Client, n int64, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
-		got, err := rdb.ZCard(context.Background(), "rl:{peers}").Result()
+		got, err := rdb.ZCard(context.Background(), redisstore.PeersKey("rl:")).Result()
 		if err == nil && got == n {
 			return
 		}

@@ -80,19 +80,28 @@ func runServe(e env, args []string) (int, error) {
 	if err != nil {
 		return 2, fmt.Errorf("%w: %v", errUsage, err)
 	}
+	source := "-config"
 	if f.config == "" {
-		f.config = os.Getenv(ConfigEnv)
+		f.config, source = os.Getenv(ConfigEnv), "$"+ConfigEnv
 	}
 
 	var cfg *config.Config
 	if f.config == "" {
+		// The embedded demo, for `go run ./cmd/extauthz` on a workstation.
+		// Its key is published, so it says so loudly; the container image
+		// sets $EXTAUTHZ_CONFIG and never gets here.
 		cfg = config.Default()
-		fmt.Fprintf(e.stderr, "extauthz: no -config and no $%s: serving the embedded default configuration (local mode, no Redis)\n", ConfigEnv)
+		fmt.Fprintf(e.stderr, "extauthz: no -config and no $%s: serving the embedded demo configuration (local mode, no Redis)\n", ConfigEnv)
 		printSummary(e.stderr, cfg)
 		fmt.Fprintf(e.stderr, "try: extauthz check -H 'x-api-key: key-demo-123' GET /orders   (the 6th call in a minute gets 429)\n")
 		fmt.Fprintf(e.stderr, "     extauthz check GET /   (no key: anonymous callers share 10 a minute)\n\n")
+		log.Warn("serving the embedded demo configuration, which accepts the published demo key key-demo-123: for trying extauthz out, never for a deployment; give -config FILE or $" + ConfigEnv)
 	} else {
 		cfg, err = config.Load(f.config)
+		if errors.Is(err, os.ErrNotExist) {
+			return 1, fmt.Errorf("no configuration file at %s (from %s): mount one there or name one with -config FILE; "+
+				"the embedded demo configuration (with its published demo key) is served only when neither -config nor $%s is set", f.config, source, ConfigEnv)
+		}
 		if err != nil {
 			return 1, err
 		}
@@ -146,7 +155,9 @@ type sidecar struct {
 	ready   atomic.Bool
 	redis   *redisParts // nil without a redis section
 	// The configuration watch, restarted when a reload names other
-	// domain files; both used on the main loop only.
+	// domain files. watchMu guards both: reloads run on a goroutine of
+	// their own, and shutdown stops the watch from the main loop.
+	watchMu     sync.Mutex
 	watchStop   func()
 	watchReload func()
 }
@@ -292,13 +303,30 @@ func (s *sidecar) run() (int, error) {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	reloads := make(chan struct{}, 1)
-	s.watch(sourcesOf(cfg), loadedSum(cfg, s.rls.Config()), func() {
-		select {
-		case reloads <- struct{}{}:
-		default: // one is pending already
+	// Reloads run one at a time on a goroutine of their own, never on this
+	// loop: reading and checking a file can take long (a slow volume, a
+	// hostile file, a FIFO nobody writes), and SIGTERM must always be
+	// answered at once. A trigger while one is pending is folded into it.
+	reloads := make(chan string, 1)
+	reloadStop := make(chan struct{})
+	defer close(reloadStop)
+	go func() {
+		for {
+			select {
+			case why := <-reloads:
+				s.reload(why)
+			case <-reloadStop:
+				return
+			}
 		}
-	})
+	}()
+	trigger := func(why string) {
+		select {
+		case reloads <- why:
+		default: // one is pending already; it will read the files as they are then
+		}
+	}
+	s.watch(sourcesOf(cfg), loadedSum(cfg, s.rls.Config()), func() { trigger("file changed") })
 	defer s.stopWatch()
 	redisAddrs := "none"
 	if cfg.Redis != nil {
@@ -313,11 +341,9 @@ func (s *sidecar) run() (int, error) {
 		select {
 		case err := <-errc:
 			return 1, fmt.Errorf("server stopped: %w", err)
-		case <-reloads:
-			s.reload("file changed")
 		case sig := <-sigs:
 			if sig == syscall.SIGHUP {
-				s.reload("SIGHUP")
+				trigger("SIGHUP")
 				continue
 			}
 			s.log.Info("shutting down", "signal", sig.String())
@@ -328,13 +354,14 @@ func (s *sidecar) run() (int, error) {
 
 // reload re-reads the configuration file and the rate limit service's
 // domain files. An invalid file keeps the running configuration of every
-// door. Reloads run one at a time, on the main loop.
+// door. Reloads run one at a time, off the signal loop (run).
 func (s *sidecar) reload(why string) {
 	src := s.running.Config().Source
 	if src == config.EmbeddedSource {
 		s.log.Warn("reload ignored: serving the embedded default configuration, not a file")
 		return
 	}
+	s.log.Info("reloading configuration", "trigger", why, "config", src)
 	running := s.running.Config()
 	cfg, err := config.Load(src)
 	var rc *rlsconfig.Config
@@ -360,10 +387,9 @@ func (s *sidecar) reload(why string) {
 	for _, w := range append(cfg.Warnings, rlsWarnings(rc)...) {
 		s.log.Warn("config warning", "source", cfg.Source, "warning", w)
 	}
-	if !slices.Equal(running.RLS.Domains, cfg.RLS.Domains) && s.watchReload != nil {
+	if !slices.Equal(running.RLS.Domains, cfg.RLS.Domains) {
 		// Other domain files: watch them instead.
-		s.stopWatch()
-		s.watch(sourcesOf(cfg), loadedSum(cfg, rc), s.watchReload)
+		s.rewatch(sourcesOf(cfg), loadedSum(cfg, rc))
 	}
 	s.reloads.WithLabelValues("success").Inc()
 	s.log.Info("configuration reloaded", "trigger", why, "config", src, "policies", len(cfg.Policies), "rls_domains", rlsDomains(rc))
@@ -372,6 +398,24 @@ func (s *sidecar) reload(why string) {
 // watch starts watching src for changes from digest, calling reload on
 // one. A watch that cannot start is logged: SIGHUP still reloads.
 func (s *sidecar) watch(src sources, digest [32]byte, reload func()) {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	s.watchLocked(src, digest, reload)
+}
+
+// rewatch replaces the running watch by one of src, with the same reload;
+// it does nothing once shutdown stopped the watch.
+func (s *sidecar) rewatch(src sources, digest [32]byte) {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if s.watchReload == nil {
+		return
+	}
+	s.stopWatchLocked()
+	s.watchLocked(src, digest, s.watchReload)
+}
+
+func (s *sidecar) watchLocked(src sources, digest [32]byte, reload func()) {
 	if src.main == config.EmbeddedSource {
 		return
 	}
@@ -384,8 +428,15 @@ func (s *sidecar) watch(src sources, digest [32]byte, reload func()) {
 	s.watchStop = stop
 }
 
-// stopWatch stops the running watch, if any.
+// stopWatch stops the running watch, if any, for good.
 func (s *sidecar) stopWatch() {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	s.stopWatchLocked()
+	s.watchReload = nil
+}
+
+func (s *sidecar) stopWatchLocked() {
 	if s.watchStop != nil {
 		s.watchStop()
 		s.watchStop = nil

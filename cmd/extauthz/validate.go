@@ -134,6 +134,10 @@ func printSummary(w io.Writer, cfg *config.Config) {
 		fmt.Fprintf(w, "http door: %s/… (Envoy http_service), %s (nginx auth_request: headers %s, %s), %s (Traefik, Caddy)\n",
 			httpauth.EnvoyPrefix, httpauth.NginxPath, cfg.HTTP.URIHeader, cfg.HTTP.MethodHeader, httpauth.ForwardAuthPath)
 	}
+	if af := cfg.Clients.AuthFailures; af != nil {
+		fmt.Fprintf(w, "unknown API keys: at most %d per %s from one client address (IPv4 /%d, IPv6 /%d), then 429 for any key from it\n",
+			af.Limit, af.Window, cfg.IPv4Prefix, cfg.IPv6Prefix)
+	}
 	if len(cfg.Policies) == 0 {
 		fmt.Fprintln(w, "no policies: every Check is allowed")
 		return
@@ -145,6 +149,19 @@ func printSummary(w io.Writer, cfg *config.Config) {
 			describeLimit(cfg, p), p.Algorithm, p.Mode, describeFlags(p))
 	}
 	tw.Flush()
+	for _, p := range cfg.Policies {
+		if p.Algorithm != config.SlidingLog {
+			continue
+		}
+		n := p.Limit
+		for _, plan := range cfg.Plans {
+			if p.UsePlan {
+				n = max(n, plan.Limit)
+			}
+		}
+		fmt.Fprintf(w, "sliding_log %s: up to %s of logs in this process (%d entries × local.max_keys %d × %d B; local.max_log_bytes %s)\n",
+			p.Name, config.FormatBytes(config.SlidingLogBytes(n, cfg.Local.MaxKeys)), n, cfg.Local.MaxKeys, config.LogEntryBytes, config.FormatBytes(cfg.Local.MaxLogBytes))
+	}
 }
 
 func orNone(s string) string {

@@ -2,9 +2,11 @@ package main
 
 import (
 	"crypto/sha256"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -42,8 +44,8 @@ func combine(main, rls [32]byte) [32]byte {
 // sum is the digest of what the sources hold now, as loadedSum computes
 // it; ok is false while one cannot be read (mid-swap).
 func (s sources) sum() (sum [32]byte, ok bool) {
-	data, err := os.ReadFile(s.main)
-	if err != nil {
+	mainSum, ok := fileSum(s.main)
+	if !ok {
 		return sum, false
 	}
 	var rlsSum [32]byte
@@ -52,7 +54,7 @@ func (s sources) sum() (sum [32]byte, ok bool) {
 			return sum, false
 		}
 	}
-	return combine(sha256.Sum256(data), rlsSum), true
+	return combine(mainSum, rlsSum), true
 }
 
 // dirs are the directories to watch: each file's, and each directory
@@ -129,4 +131,26 @@ func watchConfig(src sources, parsed [32]byte, log *slog.Logger, reload func()) 
 		}
 	}()
 	return func() { w.Close(); <-done }, nil
+}
+
+// fileSum is the SHA-256 of the file's content, following symlinks; ok is
+// false while it cannot be read (mid-swap) or is not a regular file. The
+// file is opened without blocking, so a FIFO put in its place cannot stall
+// the watch (and with it, shutdown, which waits for the watch to end); a
+// reload (SIGHUP) still reads whatever the path names.
+func fileSum(path string) (sum [32]byte, ok bool) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return sum, false
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return sum, false
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return sum, false
+	}
+	h.Sum(sum[:0])
+	return sum, true
 }

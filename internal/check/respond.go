@@ -16,8 +16,9 @@ import (
 // the 401, 429, 500 and 503 of the others. Header values and problem
 // bodies come from the engine (render.go), so every door says the same.
 
-// ClientIDHeader carries the verified client id to the upstream. It is
-// removed from requests with no verified client, so a caller cannot forge it.
+// ClientIDHeader carries the verified client id to the upstream. Every
+// allowed request without a verified client lists it in headers_to_remove,
+// so a caller cannot forge it.
 const ClientIDHeader = "x-client-id"
 
 // prerendered holds what every response about a policy, limit or client
@@ -67,7 +68,7 @@ type okParts struct {
 
 // allow builds the OK: RateLimit headers for the most constrained enforcing
 // policy, the client id for the upstream, the credential stripped.
-func (p *prerendered) allow(r *engine.Request, v *engine.Verdict, cfg *config.Config) *authv3.CheckResponse {
+func (p *prerendered) allow(v *engine.Verdict, cfg *config.Config) *authv3.CheckResponse {
 	// Every part of the answer lives in one allocation: an allowed Check
 	// is the hot path, and a dozen small objects per call showed up as
 	// garbage-collection time under load.
@@ -85,7 +86,11 @@ func (p *prerendered) allow(r *engine.Request, v *engine.Verdict, cfg *config.Co
 	}
 	if c := v.Client; c != nil {
 		ok.Headers = append(o.setBuf[:0], p.clientID[c.Index])
-	} else if _, forged := r.Headers[ClientIDHeader]; forged {
+	} else {
+		// Removed whether or not this request carried it: the sidecar
+		// may not see every header the proxy forwards (an Envoy
+		// allowed_headers list, a header added after ext_authz), and the
+		// upstream must never trust an x-client-id nobody verified.
 		ok.HeadersToRemove = append(o.rmBuf[:0], ClientIDHeader)
 	}
 	if v.CredHeader != "" && cfg.Clients.Strip {

@@ -142,7 +142,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	case err != nil:
 		err = grpcstatus.Errorf(codes.Internal, "%v", err)
 	case v.Outcome == engine.OK:
-		resp = c.pre.allow(&r, &v, c.eng.Config())
+		resp = c.pre.allow(&v, c.eng.Config())
 	default:
 		resp = c.pre.deny(&v, c.eng.Config())
 	}

@@ -222,7 +222,10 @@ policies:
 	}
 }
 
-func TestRetryAfterIsLongestWait(t *testing.T) {
+// The first enforcing denial ends the decision: the policies after it are
+// not asked (nothing is taken or created in them), and the 429 describes
+// the policy that denied.
+func TestFirstDenialEndsTheDecision(t *testing.T) {
 	f := newFixture(t, `
 policies:
   - {name: second, limit: 1, window: 1s}
@@ -231,11 +234,24 @@ policies:
 	f.check(RequestSpec{})
 	r := f.check(RequestSpec{})
 	h := headerMap(r.GetDeniedResponse().GetHeaders())
-	if h["retry-after"] != "60" || h["ratelimit-policy"] != `"minute";q=1;w=60` || h["ratelimit"] != `"minute";r=0;t=60` {
+	if h["retry-after"] != "1" || h["ratelimit-policy"] != `"second";q=1;w=1` || h["ratelimit"] != `"second";r=0;t=1` {
 		t.Fatalf("headers = %v", h)
 	}
-	if !strings.Contains(r.GetDeniedResponse().GetBody(), `"violated-policies":["second","minute"]`) {
+	if !strings.Contains(r.GetDeniedResponse().GetBody(), `"violated-policies":["second"]`) {
 		t.Fatalf("body = %s", r.GetDeniedResponse().GetBody())
+	}
+	decisions := func(policy, result string) float64 {
+		return testutil.ToFloat64(f.m.Decisions.WithLabelValues(policy, "local", result))
+	}
+	if decisions("minute", "allowed") != 1 || decisions("minute", "denied") != 0 || decisions("minute", "refunded") != 0 {
+		t.Fatal("the policy after the denial was asked")
+	}
+	// A second on: second admits, minute denies and second is refunded.
+	f.now = f.now.Add(time.Second)
+	r = f.check(RequestSpec{})
+	h = headerMap(r.GetDeniedResponse().GetHeaders())
+	if h["retry-after"] != "59" || !strings.Contains(r.GetDeniedResponse().GetBody(), `"violated-policies":["minute"]`) || decisions("second", "refunded") != 1 {
+		t.Fatalf("headers = %v, body %s, refunds %v", h, r.GetDeniedResponse().GetBody(), decisions("second", "refunded"))
 	}
 }
 
@@ -316,9 +332,13 @@ policies:
 
 func TestForgedClientIDIsRemoved(t *testing.T) {
 	f := newFixture(t, ordersYAML)
-	r := f.check(RequestSpec{Headers: map[string]string{ClientIDHeader: "admin"}})
-	if got := r.GetOkResponse().GetHeadersToRemove(); len(got) != 1 || got[0] != ClientIDHeader {
-		t.Fatalf("headers_to_remove = %v", got)
+	// Sent or not (the proxy may forward headers the sidecar never sees),
+	// an unverified request has x-client-id removed.
+	for _, h := range []map[string]string{{ClientIDHeader: "admin"}, nil} {
+		r := f.check(RequestSpec{Headers: h})
+		if got := r.GetOkResponse().GetHeadersToRemove(); len(got) != 1 || got[0] != ClientIDHeader {
+			t.Fatalf("headers %v: headers_to_remove = %v", h, got)
+		}
 	}
 }
 
@@ -484,10 +504,21 @@ func TestUpdateKeepsCounts(t *testing.T) {
 // BenchmarkCheckLocal measures one in-process Check in local mode: identity
 // by API key, one matching policy, a token bucket far from its limit.
 func BenchmarkCheckLocal(b *testing.B) {
+	benchmarkCheckLocal(b, "")
+}
+
+// BenchmarkCheckLocalAuthFailures is BenchmarkCheckLocal with
+// clients.auth_failures set, as in the examples: a known key also peeks
+// at its address's failure count.
+func BenchmarkCheckLocalAuthFailures(b *testing.B) {
+	benchmarkCheckLocal(b, "  auth_failures: {limit: 10, window: 1m}\n")
+}
+
+func benchmarkCheckLocal(b *testing.B, clients string) {
 	cfg, err := config.Parse([]byte(`
 clients:
   keys: [{id: ada, key: key-ada}]
-policies:
+`+clients+`policies:
   - {name: orders, match: {path_prefix: /orders}, key: [client], limit: 1000000000, window: 1s}
 `), "bench")
 	if err != nil {
@@ -506,5 +537,42 @@ policies:
 		if r, _ := srv.Check(ctx, req); r.GetStatus().GetCode() != 0 {
 			b.Fatal("denied")
 		}
+	}
+}
+
+// clients.auth_failures in process: unknown keys spend an address's
+// failures and then get 429, the right key too; a failure comes back
+// every window/limit; a known key creates no state.
+func TestAuthFailures(t *testing.T) {
+	f := newFixture(t, `
+clients:
+  keys: [{id: ada, key: key-ada}]
+  auth_failures: {limit: 2, window: 1m}
+policies:
+  - {name: p, limit: 100, window: 1m}
+`)
+	key := func(k string) *authv3.CheckResponse {
+		return f.check(RequestSpec{Source: "10.0.0.1", Headers: map[string]string{"x-api-key": k}})
+	}
+	status := func(r *authv3.CheckResponse) int32 { return int32(r.GetDeniedResponse().GetStatus().GetCode()) }
+	if r := key("key-ada"); !allowed(r) || f.cache.Len() != 1 {
+		t.Fatalf("ada: %v; %d cache entries (want only the policy's)", r, f.cache.Len())
+	}
+	for i, want := range []int32{401, 401, 429} {
+		if got := status(key("wrong")); got != want {
+			t.Fatalf("unknown key %d: %d, want %d", i+1, got, want)
+		}
+	}
+	r := key("key-ada")
+	h := headerMap(r.GetDeniedResponse().GetHeaders())
+	if status(r) != 429 || h["retry-after"] != "30" || h["ratelimit-policy"] != `"_auth_failures";q=2;w=60` {
+		t.Fatalf("the right key after two failures: %d %v", status(r), h)
+	}
+	f.now = f.now.Add(30 * time.Second) // one failure restored
+	if r := key("key-ada"); !allowed(r) {
+		t.Fatalf("ada, a failure later: %v", r)
+	}
+	if got := status(key("wrong")); got != 401 {
+		t.Fatalf("a restored failure: %d, want 401", got)
 	}
 }

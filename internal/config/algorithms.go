@@ -2,6 +2,8 @@ package config
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 	"time"
 )
 
@@ -25,6 +27,26 @@ const (
 // its memory is one entry per admitted request per key (about 8 bytes in
 // this process, 40 to 130 in Redis).
 const MaxSlidingLogLimit = 100_000
+
+// LogEntryBytes is what one sliding_log entry costs in this process: an
+// instant in nanoseconds, in a ring that grows up to the limit.
+const LogEntryBytes = 8
+
+// DefaultMaxLogBytes bounds the sliding logs this process may hold when
+// local.max_log_bytes is not given.
+const DefaultMaxLogBytes = 256 << 20
+
+// SlidingLogBytes is the most a sliding_log policy's logs may take in this
+// process: limit entries of LogEntryBytes for each of up to maxKeys keys
+// (the per-key table holds at most that many, whatever they belong to).
+// It saturates at the largest int64.
+func SlidingLogBytes(limit int64, maxKeys int) int64 {
+	hi, lo := bits.Mul64(uint64(limit)*LogEntryBytes, uint64(maxKeys))
+	if hi != 0 || lo > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(lo)
+}
 
 // validateAlgorithm checks the settings that belong to one algorithm:
 // queue and max_delay (leaky_bucket only), and the sliding log's limit,
@@ -57,15 +79,23 @@ func validateAlgorithm(r *rawPolicy, path string, p *Policy, c *Config, errs *Er
 
 	if p.Algorithm == SlidingLog {
 		const why = "is too large for sliding_log, which keeps one entry per admitted request and key; at most %d (or use sliding_window)"
-		if p.Limit > MaxSlidingLogLimit {
-			errs.add(path+".limit", "%d "+why, p.Limit, MaxSlidingLogLimit)
+		const tooBig = "needs up to %s of sliding logs in this process (%d entries × local.max_keys %d × %d B), over local.max_log_bytes (%s); lower the limit or local.max_keys, raise local.max_log_bytes, or use sliding_window"
+		check := func(what string, n int64) {
+			switch {
+			case n > MaxSlidingLogLimit:
+				errs.add(path+".limit", "%s"+why, what, MaxSlidingLogLimit)
+			case SlidingLogBytes(n, c.Local.MaxKeys) > c.Local.MaxLogBytes:
+				errs.add(path+".limit", "%s"+tooBig, what, FormatBytes(SlidingLogBytes(n, c.Local.MaxKeys)),
+					n, c.Local.MaxKeys, LogEntryBytes, FormatBytes(c.Local.MaxLogBytes))
+			}
 		}
 		if p.UsePlan {
 			for _, name := range sortedKeys(c.Plans) {
-				if n := c.Plans[name].Limit; n > MaxSlidingLogLimit {
-					errs.add(path+".limit", "plans.%s.limit %d "+why, name, n, MaxSlidingLogLimit)
-				}
+				n := c.Plans[name].Limit
+				check(fmt.Sprintf("plans.%s.limit %d ", name, n), n)
 			}
+		} else {
+			check(fmt.Sprintf("%d ", p.Limit), p.Limit)
 		}
 	}
 }

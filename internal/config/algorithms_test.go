@@ -9,8 +9,11 @@ import (
 // Every algorithm is accepted in every mode, and a leaky bucket's shaping
 // settings get their defaults.
 func TestAllAlgorithms(t *testing.T) {
+	// max_keys 100: a sliding log of 100,000 for each of the default
+	// 100,000 keys would be 80 GB, over local.max_log_bytes.
 	c, err := Parse([]byte(`
 redis: {addrs: [127.0.0.1:6379]}
+local: {max_keys: 100}
 policies:
   - {name: tb, limit: 100, window: 1m, burst: 20}
   - {name: sw, limit: 100, window: 1m, algorithm: sliding_window, mode: redis}

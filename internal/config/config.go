@@ -74,13 +74,18 @@ type Config struct {
 	DefaultMode   Mode
 	Local         Local
 	IPTrustedHops int
-	Headers       Headers
-	HTTP          HTTP
-	Fallback      Fallback
-	Clients       Clients
-	Plans         map[string]Plan
-	Policies      []Policy
-	RLS           RLS
+	// IPv4Prefix and IPv6Prefix are the leading bits of a client address
+	// that the ip key part keeps: callers within one /IPv6Prefix network
+	// (one subscriber's allocation: a /64 by default) share a bucket.
+	IPv4Prefix int
+	IPv6Prefix int
+	Headers    Headers
+	HTTP       HTTP
+	Fallback   Fallback
+	Clients    Clients
+	Plans      map[string]Plan
+	Policies   []Policy
+	RLS        RLS
 	// Warnings are accepted but inadvisable settings, such as plaintext keys.
 	Warnings []string
 }
@@ -129,6 +134,10 @@ type Redis struct {
 type Local struct {
 	MaxKeys   int
 	SliceIdle time.Duration // hybrid: unspent tokens go back to Redis after this
+	// MaxLogBytes bounds what any one sliding_log policy's logs may take
+	// in this process at worst (SlidingLogBytes); a policy that could take
+	// more is refused.
+	MaxLogBytes int64
 }
 
 // RLS configures Envoy's rate limit service (envoy.service.ratelimit.v3),
@@ -170,6 +179,10 @@ type Clients struct {
 	Bearer bool   // also accept "authorization: Bearer <key>"
 	Strip  bool   // remove the credential before the upstream sees it
 	Keys   []Client
+	// AuthFailures limits the unknown API keys one client address (the ip
+	// key part's address or network) may present, as a token bucket
+	// counted in this process; nil: no limit.
+	AuthFailures *Plan
 }
 
 // Client is one known API key holder.
@@ -215,7 +228,7 @@ type Policy struct {
 type Match struct {
 	PathPrefix string
 	Methods    []string // upper case
-	Hosts      []string // lower case; "*.example.com" matches subdomains
+	Hosts      []string // normalised (NormalizeHost); "*.example.com" matches subdomains
 	Context    map[string]string
 }
 

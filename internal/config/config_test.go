@@ -2,6 +2,9 @@ package config
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -201,5 +204,60 @@ func TestRLSSection(t *testing.T) {
 	c, err = Parse([]byte("rls: {response_headers: false}\n"), "x.yaml")
 	if err != nil || c.RLS.ResponseHeaders || len(c.RLS.Domains) != 0 {
 		t.Fatalf("rls = %+v, %v", c.RLS, err)
+	}
+}
+
+// The shapes of issue 15's alias bombs: a policy of a thousand unknown
+// fields, and one of a thousand context entries, each aliased a thousand
+// times (about 20 KB). Every refused field and every map entry counts
+// toward the bound, and decoding stops once maxErrors are kept, so each
+// file costs a bounded number of steps: at most maxValues nodes and
+// maxErrors refusals, where the unknown fields once cost a million
+// refusals, each formatting the list of known fields.
+func TestAliasBombsStopEarly(t *testing.T) {
+	const n = 1000
+	fields := make([]string, n)
+	for i := range fields {
+		fields[i] = fmt.Sprintf("k%d: v", i)
+	}
+	aliases := strings.Repeat("  - *p\n", n)
+	for name, doc := range map[string]string{
+		"unknown fields":   "policies:\n  - &p {" + strings.Join(fields, ", ") + "}\n" + aliases,
+		"context entries":  "policies:\n  - &p {name: p, limit: 1, window: 1m, match: {context: {" + strings.Join(fields, ", ") + "}}}\n" + aliases,
+		"aliases of lists": "x: &x [" + strings.Repeat("GET, ", n) + "GET]\npolicies:\n  - &p {name: p, limit: 1, window: 1m, match: {methods: *x}}\n" + aliases,
+	} {
+		_, err := Parse([]byte(doc), "bomb.yaml")
+		var es *Errors
+		if !errors.As(err, &es) {
+			t.Fatalf("%s: err = %.200v", name, err)
+		}
+		if refusals := len(es.List) + es.dropped; es.visited > maxValues+1 || refusals > maxErrors+1 {
+			t.Fatalf("%s: %d nodes decoded and %d errors formatted; the bounds are %d and %d\n%.300v",
+				name, es.visited, refusals, maxValues, maxErrors, err)
+		}
+		if !strings.Contains(err.Error(), "expands to more than") && !strings.Contains(err.Error(), "checking stopped after the first 50") {
+			t.Fatalf("%s: the error does not say decoding stopped:\n%.300v", name, err)
+		}
+	}
+}
+
+func TestBytes(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "4096": 4096, "4096B": 4096, "256MiB": 256 << 20, "1 GiB": 1 << 30, "3KiB": 3072} {
+		if got, ok := parseBytes(in); !ok || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, ok, want)
+		}
+	}
+	for _, in := range []string{"", "-1", "1.5MiB", "1 MB", "9223372036854775807GiB", "MiB"} {
+		if got, ok := parseBytes(in); ok {
+			t.Errorf("parseBytes(%q) = %d; want an error", in, got)
+		}
+	}
+	for in, want := range map[int64]string{0: "0 B", 800: "800 B", 256 << 20: "256 MiB", 80_000_000: "76.3 MiB", 3 << 30: "3 GiB"} {
+		if got := FormatBytes(in); got != want {
+			t.Errorf("FormatBytes(%d) = %q, want %q", in, got, want)
+		}
+	}
+	if got := SlidingLogBytes(MaxSlidingLogLimit, math.MaxInt); got != math.MaxInt64 {
+		t.Errorf("SlidingLogBytes does not saturate: %d", got)
 	}
 }

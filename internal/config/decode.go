@@ -19,17 +19,37 @@ func decodeStrict(n *yaml.Node, v any, errs *Errors) {
 	decodeValue(n, reflect.ValueOf(v).Elem(), "", errs)
 }
 
-// maxValues bounds the YAML values one file may decode to, aliases
-// expanded: a real configuration has thousands at most, while a few
-// kilobytes of nested aliases ("billion laughs") expand to billions.
+// maxValues bounds the YAML nodes one file may decode, aliases expanded,
+// every mapping key and list item counted whether it is decoded or
+// refused: a real configuration has thousands at most, while a few
+// kilobytes of nested aliases ("billion laughs") expand to billions, and
+// a mapping of unknown fields aliased a thousand times costs a million
+// refusals. Decoding also stops once maxErrors are kept, so a hostile
+// file costs at most maxValues steps, however it is built.
 const maxValues = 200_000
 
-func decodeValue(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
-	errs.visited++
-	if errs.visited == maxValues+1 {
-		errs.add("", "the document expands to more than %d values (nested aliases?)", maxValues)
+// visit counts n nodes toward maxValues and reports whether decoding
+// goes on: false once the bound is passed (reported once) or the error
+// list is full.
+func (e *Errors) visit(n int) bool {
+	if e.stopped {
+		return false
 	}
-	if errs.visited > maxValues {
+	e.visited += n
+	if e.visited > maxValues {
+		e.stopped = true
+		e.List = append(e.List, FieldError{Msg: fmt.Sprintf("the document expands to more than %d values (nested aliases?)", maxValues)})
+		return false
+	}
+	if len(e.List) >= maxErrors {
+		e.stopped, e.truncated = true, true
+		return false
+	}
+	return true
+}
+
+func decodeValue(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
+	if !errs.visit(1) {
 		return
 	}
 	for n.Kind == yaml.AliasNode {
@@ -64,6 +84,9 @@ func decodeValue(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
 		}
 		fields := structFields(v.Type())
 		for i := 0; i+1 < len(n.Content); i += 2 {
+			if !errs.visit(1) { // the key, decoded or refused
+				return
+			}
 			name := n.Content[i].Value
 			idx, ok := fields[name]
 			if !ok {
@@ -96,6 +119,9 @@ func decodeValue(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
 			v.Set(reflect.MakeMap(v.Type()))
 		}
 		for i := 0; i+1 < len(n.Content); i += 2 {
+			if !errs.visit(1) {
+				return
+			}
 			key := n.Content[i].Value
 			elem := reflect.New(v.Type().Elem()).Elem()
 			decodeValue(n.Content[i+1], elem, join(path, key), errs)
@@ -104,6 +130,10 @@ func decodeValue(n *yaml.Node, v reflect.Value, path string, errs *Errors) {
 	default:
 		if n.Kind != yaml.ScalarNode {
 			errs.add(path, "expected %s, got %s", kindName(v.Kind()), describe(n))
+			return
+		}
+		if v.Kind() == reflect.String && n.ShortTag() == "!!str" {
+			v.SetString(n.Value) // the common case, without a decoder per scalar
 			return
 		}
 		if err := n.Decode(v.Addr().Interface()); err != nil {

@@ -25,7 +25,10 @@ type Errors struct {
 	File    string // the file's name, or "" for an unnamed source
 	List    []FieldError
 	dropped int // errors past maxErrors, counted but not kept
-	visited int // YAML values decoded, against maxValues
+	visited int // YAML nodes decoded, against maxValues (decode.go)
+	// stopped: decoding gave up, at maxValues or at maxErrors (then
+	// truncated is set too: how many more errors there were is unknown).
+	stopped, truncated bool
 }
 
 // maxErrors bounds the errors kept for one file: beyond it a list helps
@@ -52,7 +55,10 @@ func (e *Errors) Error() string {
 		}
 		b.WriteString(fe.Error())
 	}
-	if e.dropped > 0 {
+	switch {
+	case e.truncated:
+		fmt.Fprintf(&b, "\n%s: and more errors; checking stopped after the first %d", e.File, maxErrors)
+	case e.dropped > 0:
 		fmt.Fprintf(&b, "\n%s: and %d more errors", e.File, e.dropped)
 	}
 	return b.String()

@@ -97,6 +97,9 @@ func comparable(c *Config) Config {
 const everySetting = `
 listen: {grpc: "0.0.0.0:9001", admin: "", tls: {cert_file: testdata/full.yaml, key_file: testdata/full.yaml, client_ca_file: testdata/full.yaml}}
 redis: {addrs: [a:1, b:2], tls: {ca_file: testdata/full.yaml, server_name: r, insecure_skip_verify: true}}
+ipv4_prefix: 24
+ipv6_prefix: 56
+clients: {auth_failures: {limit: 5, window: 1m, burst: 10}}
 policies:
   - {name: lb, limit: 10, window: 1s, algorithm: leaky_bucket, queue: 3, max_delay: 120ms, mode: redis}
   - {name: lb2, limit: 10, window: 1s, algorithm: leaky_bucket}
@@ -151,8 +154,10 @@ func render(t *testing.T, c *Config) []byte {
 	doc := map[string]any{
 		"listen":          listen,
 		"default_mode":    string(c.DefaultMode),
-		"local":           map[string]any{"max_keys": c.Local.MaxKeys, "slice_idle": c.Local.SliceIdle.String()},
+		"local":           map[string]any{"max_keys": c.Local.MaxKeys, "slice_idle": c.Local.SliceIdle.String(), "max_log_bytes": strconv.FormatInt(c.Local.MaxLogBytes, 10)},
 		"ip_trusted_hops": c.IPTrustedHops,
+		"ipv4_prefix":     c.IPv4Prefix,
+		"ipv6_prefix":     c.IPv6Prefix,
 		"headers":         map[string]any{"legacy": c.Headers.Legacy},
 		"http":            map[string]any{"uri_header": c.HTTP.URIHeader, "method_header": c.HTTP.MethodHeader},
 		"fallback":        map[string]any{"peer_ttl": c.Fallback.PeerTTL.String(), "min_peers": c.Fallback.MinPeers},
@@ -178,7 +183,11 @@ func render(t *testing.T, c *Config) []byte {
 		}
 		keys = append(keys, m)
 	}
-	doc["clients"] = map[string]any{"header": c.Clients.Header, "bearer": c.Clients.Bearer, "strip": c.Clients.Strip, "keys": keys}
+	clients := map[string]any{"header": c.Clients.Header, "bearer": c.Clients.Bearer, "strip": c.Clients.Strip, "keys": keys}
+	if af := c.Clients.AuthFailures; af != nil {
+		clients["auth_failures"] = map[string]any{"limit": af.Limit, "window": af.Window.String(), "burst": af.Burst}
+	}
+	doc["clients"] = clients
 	plans := map[string]any{}
 	for name, p := range c.Plans {
 		plans[name] = map[string]any{"limit": p.Limit, "window": p.Window.String(), "burst": p.Burst}

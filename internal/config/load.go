@@ -21,6 +21,8 @@ type rawConfig struct {
 	DefaultMode   string             `yaml:"default_mode"`
 	Local         rawLocal           `yaml:"local"`
 	IPTrustedHops int                `yaml:"ip_trusted_hops"`
+	IPv4Prefix    *int               `yaml:"ipv4_prefix"`
+	IPv6Prefix    *int               `yaml:"ipv6_prefix"`
 	Headers       rawHeaders         `yaml:"headers"`
 	HTTP          rawHTTP            `yaml:"http"`
 	Fallback      rawFallback        `yaml:"fallback"`
@@ -80,8 +82,9 @@ func (t *rawClientTLS) decodeNode(n *yaml.Node, path string, errs *Errors) {
 }
 
 type rawLocal struct {
-	MaxKeys   int    `yaml:"max_keys"`
-	SliceIdle string `yaml:"slice_idle"`
+	MaxKeys     int    `yaml:"max_keys"`
+	SliceIdle   string `yaml:"slice_idle"`
+	MaxLogBytes string `yaml:"max_log_bytes"`
 }
 
 type rawRLS struct {
@@ -104,10 +107,11 @@ type rawFallback struct {
 }
 
 type rawClients struct {
-	Header string      `yaml:"header"`
-	Bearer *bool       `yaml:"bearer"`
-	Strip  *bool       `yaml:"strip"`
-	Keys   []rawClient `yaml:"keys"`
+	Header       string      `yaml:"header"`
+	Bearer       *bool       `yaml:"bearer"`
+	Strip        *bool       `yaml:"strip"`
+	Keys         []rawClient `yaml:"keys"`
+	AuthFailures *rawPlan    `yaml:"auth_failures"`
 }
 
 type rawClient struct {

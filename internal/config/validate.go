@@ -40,6 +40,16 @@ const (
 	DefaultMethodHeader = "x-original-method"
 )
 
+// Defaults of the ip key part's address prefixes.
+const (
+	// DefaultIPv4Prefix keys an IPv4 caller by its address.
+	DefaultIPv4Prefix = 32
+	// DefaultIPv6Prefix keys an IPv6 caller by its /64: a single host or
+	// subscriber is routinely given a whole /64 (RFC 6177, SLAAC), and
+	// would otherwise have 2^64 fresh buckets to pick from.
+	DefaultIPv6Prefix = 64
+)
+
 var (
 	policyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 	// token is RFC 9110's header field name syntax.
@@ -52,13 +62,15 @@ var (
 func validate(r *rawConfig, errs *Errors) *Config {
 	c := &Config{
 		Listen: Listen{GRPC: DefaultGRPC, Admin: DefaultAdmin, Reflection: r.Listen.Reflection},
-		Local:  Local{MaxKeys: DefaultMaxKeys, SliceIdle: DefaultSliceIdle},
+		Local:  Local{MaxKeys: DefaultMaxKeys, SliceIdle: DefaultSliceIdle, MaxLogBytes: DefaultMaxLogBytes},
 		Fallback: Fallback{
 			PeerTTL:  DefaultPeerTTL,
 			MinPeers: DefaultMinPeers,
 		},
 		Headers:       Headers{Legacy: r.Headers.Legacy},
 		IPTrustedHops: r.IPTrustedHops,
+		IPv4Prefix:    DefaultIPv4Prefix,
+		IPv6Prefix:    DefaultIPv6Prefix,
 		Plans:         map[string]Plan{},
 	}
 
@@ -117,10 +129,19 @@ func validate(r *rawConfig, errs *Errors) *Config {
 		errs.add("local.max_keys", "%d must be at least 1", r.Local.MaxKeys)
 	}
 	durationField(r.Local.SliceIdle, "local.slice_idle", &c.Local.SliceIdle, errs)
+	if r.Local.MaxLogBytes != "" {
+		if n, ok := parseBytes(r.Local.MaxLogBytes); ok && n > 0 {
+			c.Local.MaxLogBytes = n
+		} else {
+			errs.add("local.max_log_bytes", "%q is not a positive size (bytes, or with KiB, MiB or GiB: 256MiB)", r.Local.MaxLogBytes)
+		}
+	}
 
 	if c.IPTrustedHops < 0 || c.IPTrustedHops > maxTrustedHops {
 		errs.add("ip_trusted_hops", "%d must be between 0 and %d", c.IPTrustedHops, maxTrustedHops)
 	}
+	prefixField(r.IPv4Prefix, "ipv4_prefix", 32, &c.IPv4Prefix, errs)
+	prefixField(r.IPv6Prefix, "ipv6_prefix", 128, &c.IPv6Prefix, errs)
 
 	durationField(r.Fallback.PeerTTL, "fallback.peer_ttl", &c.Fallback.PeerTTL, errs)
 	if r.Fallback.MinPeers != 0 {
@@ -148,6 +169,19 @@ func validate(r *rawConfig, errs *Errors) *Config {
 		c.Policies = append(c.Policies, p)
 	}
 	return c
+}
+
+// prefixField sets *bits from an address prefix length given at path, of
+// 1 to max bits; nil keeps the default.
+func prefixField(v *int, path string, max int, bits *int, errs *Errors) {
+	if v == nil {
+		return
+	}
+	if *v < 1 || *v > max {
+		errs.add(path, "%d must be between 1 and %d (bits of the address that identify a caller)", *v, max)
+		return
+	}
+	*bits = *v
 }
 
 func checkListen(addr string, unixOK bool) error {
@@ -211,6 +245,28 @@ func validateHTTP(r rawHTTP, errs *Errors) HTTP {
 func burstField(b int64, path string, errs *Errors) {
 	if b < 0 || b > maxLimit {
 		errs.add(path, "%d must be between 0 (the limit) and %d", b, int64(maxLimit))
+	}
+}
+
+// maxRefill bounds the time a token bucket takes to refill from empty,
+// burst × (window / limit): as long as the longest window. A bucket's state
+// is the instant it is full again, in nanoseconds; the bound keeps that
+// instant, and every wait computed from it, far inside int64 (a burst of
+// 200,000 at one a day once overflowed into a 37-year Retry-After).
+const maxRefill = maxWindow
+
+// refillField rejects a token bucket burst that would take longer than
+// maxRefill to refill, at the interval the quota package computes
+// (window / limit, at least 1ns). A burst of at most the limit refills
+// within the window, so only a larger one is checked.
+func refillField(limit int64, window time.Duration, burst int64, path string, errs *Errors) {
+	if limit < 1 || window <= 0 || burst <= limit {
+		return
+	}
+	iv := max(int64(window)/limit, 1)
+	if most := int64(maxRefill) / iv; burst > most {
+		errs.add(path, "%d tokens at one every %s take %.0f days to refill; at most %d at this rate (a bucket must refill within %d days, the longest window)",
+			burst, time.Duration(iv), float64(burst)*float64(iv)/float64(24*time.Hour), most, maxRefill/(24*time.Hour))
 	}
 }
 
@@ -287,6 +343,7 @@ func validatePlan(r rawPlan, path string, errs *Errors) Plan {
 		windowField(r.Window, path+".window", &p.Window, errs)
 	}
 	burstField(r.Burst, path+".burst", errs)
+	refillField(p.Limit, p.Window, p.Burst, path+".burst", errs)
 	return p
 }
 
@@ -306,6 +363,10 @@ func validateClients(r *rawClients, plans map[string]Plan, errs *Errors, warning
 	}
 	if r.Strip != nil {
 		c.Strip = *r.Strip
+	}
+	if r.AuthFailures != nil {
+		af := validatePlan(*r.AuthFailures, "clients.auth_failures", errs)
+		c.AuthFailures = &af
 	}
 	ids := map[string]int{}
 	digests := map[[32]byte]int{}
@@ -414,6 +475,7 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		}
 	}
 	burstField(r.Burst, path+".burst", errs)
+	refillField(p.Limit, p.Window, p.Burst, path+".burst", errs)
 
 	p.Algorithm = TokenBucket
 	if r.Algorithm != "" {
@@ -502,7 +564,7 @@ func validateMatch(r *rawMatch, path string, errs *Errors) Match {
 		m.Methods = append(m.Methods, strings.ToUpper(meth))
 	}
 	for i, h := range r.Hosts {
-		h = strings.ToLower(h)
+		h = NormalizeHost(h)
 		if h == "" || strings.ContainsAny(h, "/ ") || strings.Contains(h[1:], "*") || (h[0] == '*' && !strings.HasPrefix(h, "*.")) {
 			errs.add(fmt.Sprintf("%s.hosts[%d]", path, i), "%q is not a host name (a leading *. matches subdomains)", r.Hosts[i])
 		}

@@ -98,6 +98,15 @@ func (v *Verdict) add(t Taken) {
 // quota is taken.
 func (v *Verdict) clearTakes() { v.n, v.more = 0, nil }
 
+// truncate keeps the first n decisions: those TakeAll asked.
+func (v *Verdict) truncate(n int) {
+	if v.more != nil {
+		v.more = v.more[:n]
+		return
+	}
+	v.n = n
+}
+
 // Decide decides req at now into v. It returns an error only when a
 // limiter failed in a way no policy setting covers (the door answers with
 // an internal error), or with the context's error when the caller gave up
@@ -109,6 +118,13 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 	// before any policy runs, and leaves no state behind.
 	caller, credHeader, keyLen := e.identify(req)
 	v.Client, v.CredHeader = caller, credHeader
+	if credHeader != "" && e.authFail != nil {
+		// clients.auth_failures: an address that presented too many
+		// unknown keys is refused whatever key it presents now.
+		if decided, err := e.limitAuthFailures(ctx, req, caller, now, v); decided || err != nil {
+			return err
+		}
+	}
 	if credHeader != "" && caller == nil {
 		v.Outcome, v.Detail = Unauthorized, "Unknown API key."
 		if keyLen > identity.MaxKeyLen {
@@ -129,7 +145,7 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 			v.clearTakes()
 			return nil
 		}
-		key, missing := p.partition(req, caller, e.cfg.IPTrustedHops)
+		key, missing := p.partition(req, caller, e.ip)
 		if missing && p.OnMissingKey == config.MissingReject {
 			v.Outcome, v.Detail = Unauthorized, missingDetail(p)
 			v.clearTakes()
@@ -138,10 +154,12 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 		v.add(Taken{Policy: p, Key: key, Limit: p.limitFor(caller), Units: 1})
 	}
 
-	// 3. Ask every policy for one unit, all or nothing, and hold an
-	// allowed request for its leaky-bucket slot.
-	var err error
-	v.Outcome, err = TakeAll(ctx, v.Takes(), now, e.hold)
+	// 3. Ask the policies for one unit each, in configuration order, all
+	// or nothing (the first enforcing denial ends the decision), and hold
+	// an allowed request for its leaky-bucket slot.
+	outcome, asked, err := TakeAll(ctx, v.Takes(), now, e.hold)
+	v.Outcome = outcome
+	v.truncate(asked)
 	return err
 }
 
@@ -212,7 +230,8 @@ func (v *Verdict) Tightest() *Taken {
 
 // Denials returns the enforcing policies that denied, by name, and the one
 // with the longest wait: a 429's Retry-After and RateLimit headers
-// describe it, so the client is told one consistent time.
+// describe it, so the client is told one consistent time. Decide stops at
+// the first enforcing denial, so of the policies it asked, one denied.
 func (v *Verdict) Denials() (worst *Taken, names []string) {
 	takes := v.Takes()
 	for i := range takes {

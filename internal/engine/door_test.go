@@ -49,7 +49,7 @@ func TestTakeAllIsAllOrNothing(t *testing.T) {
 			{Policy: narrow, Key: "n", Limit: narrow.FixedLimit(), Units: units[1]},
 			{Policy: shadow, Key: "s", Limit: shadow.FixedLimit(), Units: units[2]},
 		}
-		o, err := TakeAll(ctx, takes, now, nil)
+		o, _, err := TakeAll(ctx, takes, now, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -62,8 +62,9 @@ func TestTakeAllIsAllOrNothing(t *testing.T) {
 		t.Fatalf("first: %v %+v", o, takes)
 	}
 	// 2 more do not fit narrow (1 left): over the limit, and wide keeps
-	// its 5 left (its 2 are refunded).
-	if o, takes := take(2, 2, 0); o != OverLimit || !takes[0].OK || takes[1].OK {
+	// its 5 left (its 2 are refunded); the denial ends the request, so
+	// the shadow policy after it is not asked.
+	if o, takes := take(2, 2, 0); o != OverLimit || !takes[0].OK || takes[1].OK || takes[2].Decision != (quota.Decision{}) {
 		t.Fatalf("second: %v %+v", o, takes)
 	}
 	// A question of 0 units spends nothing: wide still has 5, narrow 1.
@@ -79,7 +80,7 @@ func TestTakeAllIsAllOrNothing(t *testing.T) {
 	}{
 		{"wide", "allowed", 4}, {"wide", "refunded", 1},
 		{"narrow", "allowed", 3}, {"narrow", "denied", 1},
-		{"shadow", "shadow_denied", 1}, {"shadow", "allowed", 3},
+		{"shadow", "shadow_denied", 1}, {"shadow", "allowed", 2},
 	} {
 		if got := testutil.ToFloat64(m.Decisions.WithLabelValues(c.policy, "local", c.result)); got != c.want {
 			t.Errorf("%s %s = %v, want %v", c.policy, c.result, got, c.want)
@@ -100,24 +101,24 @@ func TestTakeAllFailureAndCancel(t *testing.T) {
 	}
 	now := time.Unix(1_700_000_000, 0)
 	takes := []Taken{{Policy: ok, Key: "k", Limit: ok.FixedLimit(), Units: 2}, {Policy: broken, Key: "k", Limit: broken.FixedLimit(), Units: 1}}
-	if o, err := TakeAll(context.Background(), takes, now, nil); o != Failed || !errors.Is(err, errBroken) {
+	if o, _, err := TakeAll(context.Background(), takes, now, nil); o != Failed || !errors.Is(err, errBroken) {
 		t.Fatalf("failing limiter: %v %v", o, err)
 	}
 	// Nothing stayed spent: 3 fit.
-	if o, _ := TakeAll(context.Background(), []Taken{{Policy: ok, Key: "k", Limit: ok.FixedLimit(), Units: 3}}, now, nil); o != OK {
+	if o, _, _ := TakeAll(context.Background(), []Taken{{Policy: ok, Key: "k", Limit: ok.FixedLimit(), Units: 3}}, now, nil); o != OK {
 		t.Fatalf("after the failure: %v", o)
 	}
 
 	leaky := standalone(t, m, table, config.Policy{Name: "leaky", Limit: 10, Window: time.Second, Algorithm: config.LeakyBucket, Queue: -1, MaxDelay: time.Second})
 	held := func(ctx context.Context, d time.Duration) error { return context.Canceled }
 	takes = []Taken{{Policy: leaky, Key: "l", Limit: leaky.FixedLimit(), Units: 1}, {Policy: leaky, Key: "l", Limit: leaky.FixedLimit(), Units: 1}}
-	if o, err := TakeAll(context.Background(), takes, now, held); o != Canceled || err == nil {
+	if o, _, err := TakeAll(context.Background(), takes, now, held); o != Canceled || err == nil {
 		t.Fatalf("canceled while held: %v %v", o, err)
 	}
 	// Both slots were given back: the next two pass without a delay
 	// beyond one interval.
 	takes = []Taken{{Policy: leaky, Key: "l", Limit: leaky.FixedLimit(), Units: 1}}
-	if o, _ := TakeAll(context.Background(), takes, now, nil); o != OK || takes[0].Decision.Delay != 0 {
+	if o, _, _ := TakeAll(context.Background(), takes, now, nil); o != OK || takes[0].Decision.Delay != 0 {
 		t.Fatalf("after the refund: %v %+v", o, takes[0].Decision)
 	}
 }
@@ -148,7 +149,7 @@ func TestNewPolicyLimits(t *testing.T) {
 		t.Fatalf("copy %+v of %+v", c, p)
 	}
 	takes := []Taken{{Policy: c, Key: "x", Limit: c.FixedLimit(), Units: 1}}
-	if o, err := TakeAll(context.Background(), takes, time.Unix(0, 0), nil); o != OK || err != nil {
+	if o, _, err := TakeAll(context.Background(), takes, time.Unix(0, 0), nil); o != OK || err != nil {
 		t.Fatalf("%v %v", o, err)
 	}
 	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("d.k_x", "local", "allowed")); got != 1 {

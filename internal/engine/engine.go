@@ -38,8 +38,12 @@ type Engine struct {
 	clients   []*Client
 	keyHeader string   // clients.header, lower case
 	headers   []string // what decisions read of Request.Headers (RequestHeaders)
-	policies  []*Policy
-	limits    int // Limits compiled, numbered 0..limits-1
+	ip        identity.IPRule
+	policies  []*Policy    // matched in this order
+	all       []*Policy    // policies, then authFail when set: what a door renders
+	limits    int          // Limits compiled, numbered 0..limits-1
+	authFail  *Policy      // clients.auth_failures (authfail.go); nil when not set
+	authPeek  quota.Peeker // authFail's limiter
 	metrics   *Metrics
 	hold      HoldFunc     // waits out a leaky bucket's delay
 	warn      *slog.Logger // nil: warnings are not logged
@@ -92,6 +96,7 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 		cfg:       cfg,
 		keyring:   identity.NewKeyring[Client](len(cfg.Clients.Keys)),
 		keyHeader: cfg.Clients.Header,
+		ip:        identity.IPRule{TrustedHops: cfg.IPTrustedHops, IPv4Prefix: cfg.IPv4Prefix, IPv6Prefix: cfg.IPv6Prefix},
 		metrics:   m,
 		hold:      sleepCtx,
 	}
@@ -131,6 +136,13 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 		e.policies = append(e.policies, p)
 	}
 	e.headers = requestHeaders(cfg, e.keyHeader, e.keyring.Len())
+	e.all = e.policies
+	if af := cfg.Clients.AuthFailures; af != nil {
+		if err := e.compileAuthFailures(af, limiters, m); err != nil {
+			return nil, err
+		}
+		e.all = append(e.policies[:len(e.policies):len(e.policies)], e.authFail)
+	}
 	m.ConfigPolicies.Set(float64(len(e.policies)))
 	return e, nil
 }
@@ -180,9 +192,11 @@ var (
 // Config returns the configuration the engine was compiled from.
 func (e *Engine) Config() *config.Config { return e.cfg }
 
-// Policies returns the compiled policies, in configuration order; a door
-// renders its per-policy values from them once per configuration.
-func (e *Engine) Policies() []*Policy { return e.policies }
+// Policies returns the compiled policies, in configuration order, then the
+// limit on authentication failures when clients.auth_failures is set
+// (named AuthFailuresPolicy); a door renders its per-policy values from
+// them once per configuration.
+func (e *Engine) Policies() []*Policy { return e.all }
 
 // Clients returns the known API key holders, by Index.
 func (e *Engine) Clients() []*Client { return e.clients }

@@ -29,6 +29,9 @@ func requestHeaders(cfg *config.Config, keyHeader string, keys int) []string {
 		if cfg.Clients.Bearer {
 			add("authorization")
 		}
+		if cfg.Clients.AuthFailures != nil && cfg.IPTrustedHops > 0 {
+			add("x-forwarded-for") // the failures' address (authfail.go)
+		}
 	}
 	for _, p := range cfg.Policies {
 		for _, k := range p.Key {

@@ -65,17 +65,13 @@ func hostMatches(hosts []string, host string) bool {
 // "orders:client:ada" or, for a composite key, "orders:client:ada:ip:10.0.0.7".
 // A missing component is empty, so callers lacking it share one bucket
 // ("orders:client:"); missing reports whether any component was missing.
-func (p *Policy) partition(a *Request, c *Client, hops int) (key string, missing bool) {
+func (p *Policy) partition(a *Request, c *Client, ip identity.IPRule) (key string, missing bool) {
 	if len(p.Key) == 0 {
 		return p.prefix, false
 	}
 	var buf [128]byte // most keys fit: one allocation, for the string
 	b := append(buf[:0], p.prefix...)
 	for _, k := range p.Key {
-		v := keyValue(k, a, c, hops)
-		if v == "" {
-			missing = true
-		}
 		b = append(b, ':')
 		b = append(b, k.Kind...)
 		if k.Name != "" {
@@ -83,19 +79,33 @@ func (p *Policy) partition(a *Request, c *Client, hops int) (key string, missing
 			b = appendEscaped(b, k.Name)
 		}
 		b = append(b, ':')
+		if k.Kind == config.KeyIP {
+			// Formatted on the stack, not into a string of its own.
+			var ipBuf [64]byte
+			ipb := ip.AppendKey(ipBuf[:0], a.Peer, a.Headers["x-forwarded-for"])
+			b = appendEscapedBytes(b, ipb)
+			if len(ipb) == 0 {
+				missing = true
+			}
+			continue
+		}
+		v := keyValue(k, a, c)
+		if v == "" {
+			missing = true
+		}
 		b = appendEscaped(b, v)
 	}
 	return string(b), missing
 }
 
-func keyValue(k config.KeyPart, a *Request, c *Client, hops int) string {
+// keyValue is a key part's value, but for the ip part, which partition
+// formats itself.
+func keyValue(k config.KeyPart, a *Request, c *Client) string {
 	switch k.Kind {
 	case config.KeyClient:
 		if c != nil {
 			return c.ID
 		}
-	case config.KeyIP:
-		return identity.ClientIP(a.Peer, a.Headers["x-forwarded-for"], hops)
 	case config.KeyHeader:
 		return a.Headers[k.Name]
 	case config.KeyClaim:
@@ -109,17 +119,29 @@ func keyValue(k config.KeyPart, a *Request, c *Client, hops int) string {
 	return ""
 }
 
+// digestPrefix starts the stand-in of a value longer than maxKeyValue. An
+// escaped value holds '%' only as the start of "%XX" with XX two upper-case
+// hex digits, never followed by 's': no value sent verbatim can spell a
+// digest, and so none can share the bucket of a long value.
+const digestPrefix = "%sha256."
+
 // appendEscaped appends v with the bytes that structure a key (':' between
 // components, braces of the Redis hash tag, '%' itself) and non-printable
 // bytes percent-encoded, so no value can forge another key. Values longer
-// than maxKeyValue are replaced by "sha256." and their digest's first 16
-// bytes in hex.
+// than maxKeyValue are replaced by digestPrefix and their digest's first
+// 16 bytes in hex.
 func appendEscaped(b []byte, v string) []byte {
 	if len(v) > maxKeyValue {
 		sum := sha256.Sum256([]byte(v))
-		b = append(b, "sha256."...)
+		b = append(b, digestPrefix...)
 		return hex.AppendEncode(b, sum[:16])
 	}
+	return appendEscapedBytes(b, v)
+}
+
+// appendEscapedBytes is appendEscaped's escaping, for a value of at most
+// maxKeyValue bytes.
+func appendEscapedBytes[S string | []byte](b []byte, v S) []byte {
 	const digits = "0123456789ABCDEF"
 	for i := 0; i < len(v); i++ {
 		c := v[i]

@@ -49,17 +49,33 @@ policies:
 				"sub": structpb.NewStringValue(v), "tenant": structpb.NewStringValue(v),
 			}})}},
 		}
-		key, _ := p.partition(&a, &Client{ID: "ada"}, 0)
+		key, _ := p.partition(&a, &Client{ID: "ada"}, e.ip)
 		if len(key) > bound {
 			t.Fatalf("value of %d bytes: key of %d bytes exceeds the bound %d", len(v), len(key), bound)
 		}
-		// The client id (ada, 3 bytes) and the IP (2001%3Adb8%3A%3A1,
-		// 17 bytes) are not the request's to choose: 3214 − 381 − 367.
-		if v == worst && len(key) != 2466 {
+		// The client id (ada, 3 bytes) and the IP's /64 (2001%3Adb8%3A%3A/64,
+		// 19 bytes) are not the request's to choose: 3214 − 381 − 365.
+		if v == worst && len(key) != 2468 {
 			t.Fatalf("worst case: key of %d bytes; the bound %d is not tight", len(key), bound)
 		}
-		if len(v) > maxKeyValue && len(key) > len(p.prefix)+8*(len(":claim:tenant:")+len("sha256.")+32) {
+		if len(v) > maxKeyValue && len(key) > len(p.prefix)+8*(len(":claim:tenant:")+len(digestPrefix)+32) {
 			t.Fatalf("value of %d bytes: key of %d bytes; long values should be digests", len(v), len(key))
+		}
+	}
+}
+
+// A value over maxKeyValue bytes is keyed by its digest; the digest's text
+// sent verbatim, in either the old or the new spelling, keys a bucket of
+// its own.
+func TestDigestCannotBeSentVerbatim(t *testing.T) {
+	long := strings.Repeat("t", maxKeyValue+1)
+	digest := string(appendEscaped(nil, long))
+	if !strings.HasPrefix(digest, digestPrefix) {
+		t.Fatalf("long value keyed as %q", digest)
+	}
+	for _, v := range []string{digest, strings.TrimPrefix(digest, "%"), "%25" + digest[1:]} {
+		if got := string(appendEscaped(nil, v)); got == digest {
+			t.Fatalf("the value %q sent verbatim keys %q, the bucket of a %d-byte value", v, got, len(long))
 		}
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/extauthz/extauthz/internal/config"
 )
 
 // Request is what a decision reads of an HTTP request, whichever door it
@@ -16,7 +18,7 @@ type Request struct {
 	Headers   map[string]string // lower-case names, as Envoy sends them
 	Method    string
 	Path      string // without the query string
-	Host      string // lower case, without port (see NormalizeHost)
+	Host      string // lower case, without port or trailing dot (see NormalizeHost)
 	Peer      string // source IP as the proxy saw it
 	Principal string // the peer's identity under mTLS (a SPIFFE id)
 	Context   map[string]string
@@ -36,20 +38,10 @@ func TrimPath(path string) string {
 	return path
 }
 
-// NormalizeHost lower-cases host and drops its port.
-func NormalizeHost(host string) string {
-	host = strings.ToLower(host)
-	if strings.HasPrefix(host, "[") { // [::1]:8080
-		if i := strings.IndexByte(host, ']'); i > 0 {
-			return host[:i+1]
-		}
-		return host
-	}
-	if i := strings.LastIndexByte(host, ':'); i >= 0 && strings.IndexByte(host, ':') == i {
-		return host[:i]
-	}
-	return host
-}
+// NormalizeHost returns host as policies match it: lower case, without
+// port or trailing dots (config.NormalizeHost). A door passes every
+// request's host through it.
+func NormalizeHost(host string) string { return config.NormalizeHost(host) }
 
 // claim returns a JWT claim verified by jwt_authn. The namespace holds one
 // payload per provider, each under the name set by payload_in_metadata; the

@@ -9,11 +9,15 @@ import (
 )
 
 // TakeAll decides one request's takes at now, all or nothing: it asks each
-// take's limiter for its Units, counts each decision in its policy's
-// metrics, refunds what was taken when any enforcing take was denied, and
+// take's limiter for its Units in order, counts each decision in its
+// policy's metrics, stops at the first enforcing denial (the takes after
+// it are not asked, so a denied request creates no state in them: a
+// caller cannot fill a table with keys a denied request names), refunds
+// what was taken when an enforcing take was denied, and
 // holds an allowed request for the longest leaky-bucket Delay its
 // enforcing takes asked for (hold waits it out; nil: a timer). It fills
-// each take's Decision and OK, and returns how the request ends:
+// each asked take's Decision and OK, and returns how many takes it asked
+// (all of them unless one denied) and how the request ends:
 //
 //   - OK: every enforcing take allowed (shadow takes may have denied);
 //   - OverLimit: an enforcing take denied; nothing stays spent;
@@ -26,14 +30,14 @@ import (
 // Engine.Decide runs the takes of a Check through it, and every other door
 // runs its own (internal/rls: one per rate limit descriptor) the same way,
 // so the guarantees of a request's decisions hold whichever door asked.
-func TakeAll(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (Outcome, error) {
+func TakeAll(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (Outcome, int, error) {
 	denied := false
 	for i := range takes {
 		t := &takes[i]
 		d, err := t.Policy.limiter.Take(ctx, t.Key, t.Limit.Limit, t.Units, now)
 		if err != nil {
 			refund(ctx, takes[:i], now)
-			return Failed, fmt.Errorf("policy %s: %w", t.Policy.Name, err)
+			return Failed, i, fmt.Errorf("policy %s: %w", t.Policy.Name, err)
 		}
 		t.Decision, t.OK = d, d.Allowed
 		if d.Degraded != quota.NotDegraded {
@@ -48,23 +52,24 @@ func TakeAll(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (
 			t.Policy.denied.Inc()
 			denied = true
 		}
-	}
-
-	// A request denied by one policy consumes nothing from the others.
-	if denied {
-		refund(ctx, takes, now)
-		if unavailable(takes) {
-			return Unavailable, nil
+		if denied {
+			// A request denied by one policy consumes nothing from the
+			// others.
+			takes = takes[:i+1]
+			refund(ctx, takes, now)
+			if unavailable(takes) {
+				return Unavailable, len(takes), nil
+			}
+			return OverLimit, len(takes), nil
 		}
-		return OverLimit, nil
 	}
 	if hold == nil {
 		hold = sleepCtx
 	}
 	if err := holdAllowed(ctx, takes, now, hold); err != nil {
-		return Canceled, err
+		return Canceled, len(takes), err
 	}
-	return OK, nil
+	return OK, len(takes), nil
 }
 
 // refund gives back the units that allowed policies took.

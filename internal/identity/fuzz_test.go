@@ -92,13 +92,57 @@ func FuzzClientIP(f *testing.F) {
 		want := peerIP
 		if entries := strings.Split(xff, ","); hops <= len(entries) {
 			if ip, ok := parseIP(strings.TrimSpace(entries[len(entries)-hops])); ok {
-				want = ip
+				want = ip.String()
 			}
 		}
 		if got != want {
 			t.Fatalf("ClientIP(%q, %q, %d) = %q, want %q", peer, xff, hops, got, want)
 		}
 	})
+}
+
+// FuzzIPRuleKey: the ip key is "" exactly when ClientIP is, and otherwise
+// the client's address or the masked network of the configured length
+// that holds it: no two keys for one network, and never a network that
+// does not hold the client.
+func FuzzIPRuleKey(f *testing.F) {
+	f.Add("2001:db8:1:2::1", "", 0, 32, 64)
+	f.Add("10.0.0.7", "", 0, 24, 64)
+	f.Add("10.0.0.1", "2001:db8::1, junk", 2, 32, 1)
+	f.Add("::ffff:1.2.3.4", "", 0, 1, 128)
+	f.Fuzz(func(t *testing.T, peer, xff string, hops, v4, v6 int) {
+		hops %= 65
+		r := IPRule{TrustedHops: hops, IPv4Prefix: 1 + abs(v4)%32, IPv6Prefix: 1 + abs(v6)%128}
+		ip, got := ClientIP(peer, xff, hops), r.Key(peer, xff)
+		if (ip == "") != (got == "") {
+			t.Fatalf("%+v.Key(%q, %q) = %q, ClientIP %q", r, peer, xff, got, ip)
+		}
+		if ip == "" {
+			return
+		}
+		a := netip.MustParseAddr(ip)
+		bits := r.IPv6Prefix
+		if a.Is4() {
+			bits = r.IPv4Prefix
+		}
+		want, _ := a.Prefix(bits)
+		if bits == a.BitLen() {
+			if got != ip {
+				t.Fatalf("%+v.Key(%q, %q) = %q, want the address %q", r, peer, xff, got, ip)
+			}
+			return
+		}
+		if got != want.String() || !want.Contains(a) {
+			t.Fatalf("%+v.Key(%q, %q) = %q, want %s", r, peer, xff, got, want)
+		}
+	})
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }
 
 // A presented key longer than MaxKeyLen is never hashed or looked up.

@@ -63,6 +63,48 @@ func Bearer(authorization string) (string, bool) {
 	return cred, true
 }
 
+// IPRule says how a request's client address becomes a partition key
+// value. The zero value keys by the whole peer address.
+type IPRule struct {
+	// TrustedHops is ClientIP's hops: x-forwarded-for entries appended by
+	// proxies the operator trusts.
+	TrustedHops int
+	// IPv4Prefix and IPv6Prefix are the leading bits of an address kept:
+	// callers within one such network share a key. 0 keeps the whole
+	// address.
+	IPv4Prefix, IPv6Prefix int
+}
+
+// Key returns the client's address (ClientIP) as r keys it: the address
+// itself when its prefix is the whole address ("10.0.0.7"), else its
+// network in CIDR notation ("2001:db8:1:2::/64"). It returns "" when no
+// address is known.
+func (r IPRule) Key(peer, xff string) string {
+	var buf [64]byte
+	return string(r.AppendKey(buf[:0], peer, xff))
+}
+
+// AppendKey appends Key(peer, xff) to b, without allocating when b has
+// room.
+func (r IPRule) AppendKey(b []byte, peer, xff string) []byte {
+	a, ok := clientAddr(peer, xff, r.TrustedHops)
+	if !ok {
+		return b
+	}
+	bits := r.IPv6Prefix
+	if a.Is4() {
+		bits = r.IPv4Prefix
+	}
+	if bits <= 0 || bits >= a.BitLen() {
+		return a.AppendTo(b)
+	}
+	p, err := a.Prefix(bits)
+	if err != nil {
+		return a.AppendTo(b)
+	}
+	return p.AppendTo(b)
+}
+
 // ClientIP returns the caller's address in canonical form. With hops == 0
 // it is the peer address Envoy saw. With hops > 0 it is the x-forwarded-for
 // entry that many places from the right: the address the outermost trusted
@@ -70,15 +112,23 @@ func Bearer(authorization string) (string, bool) {
 // entry is not an IP, the peer address is used, never a value the client
 // could have chosen. It returns "" when no address is known.
 func ClientIP(peer, xff string, hops int) string {
-	if hops > 0 && xff != "" {
-		if ip, ok := nthFromRight(xff, hops); ok {
-			return ip
-		}
+	if a, ok := clientAddr(peer, xff, hops); ok {
+		return a.String()
 	}
-	return canonicalIP(peer)
+	return ""
 }
 
-func nthFromRight(xff string, n int) (string, bool) {
+// clientAddr is ClientIP before formatting.
+func clientAddr(peer, xff string, hops int) (netip.Addr, bool) {
+	if hops > 0 && xff != "" {
+		if a, ok := nthFromRight(xff, hops); ok {
+			return a, true
+		}
+	}
+	return parseIP(peer)
+}
+
+func nthFromRight(xff string, n int) (netip.Addr, bool) {
 	end := len(xff)
 	for i := 1; ; i++ {
 		start := strings.LastIndexByte(xff[:end], ',') + 1
@@ -86,29 +136,26 @@ func nthFromRight(xff string, n int) (string, bool) {
 			return parseIP(strings.TrimSpace(xff[start:end]))
 		}
 		if start == 0 {
-			return "", false
+			return netip.Addr{}, false
 		}
 		end = start - 1
 	}
 }
 
-func canonicalIP(s string) string {
-	ip, _ := parseIP(s)
-	return ip
-}
-
-func parseIP(s string) (string, bool) {
+// parseIP reads an address, with or without a port, as the caller's: an
+// IPv4-mapped IPv6 address is the IPv4 address, and a zone is dropped.
+func parseIP(s string) (netip.Addr, bool) {
 	if s == "" {
-		return "", false
+		return netip.Addr{}, false
 	}
 	a, err := netip.ParseAddr(s)
 	if err != nil {
 		// x-forwarded-for entries sometimes carry a port.
 		ap, err2 := netip.ParseAddrPort(s)
 		if err2 != nil {
-			return "", false
+			return netip.Addr{}, false
 		}
 		a = ap.Addr()
 	}
-	return a.Unmap().WithZone("").String(), true
+	return a.Unmap().WithZone(""), true
 }

@@ -55,6 +55,32 @@ func TestClientIP(t *testing.T) {
 	}
 }
 
+func TestIPRuleKey(t *testing.T) {
+	def := IPRule{IPv4Prefix: 32, IPv6Prefix: 64}
+	for _, tc := range []struct {
+		rule      IPRule
+		peer, xff string
+		want      string
+	}{
+		{def, "10.0.0.7", "", "10.0.0.7"},
+		{def, "2001:db8:1:2::1", "", "2001:db8:1:2::/64"},
+		{def, "2001:db8:1:2:dead:beef:0:1", "", "2001:db8:1:2::/64"},
+		{def, "2001:db8:1:3::1", "", "2001:db8:1:3::/64"},
+		{def, "::ffff:10.0.0.7", "", "10.0.0.7"}, // a mapped IPv4 caller is an IPv4 caller
+		{def, "fe80::1%eth0", "", "fe80::/64"},
+		{def, "", "", ""},
+		{IPRule{IPv4Prefix: 24, IPv6Prefix: 48}, "10.0.0.7", "", "10.0.0.0/24"},
+		{IPRule{IPv4Prefix: 24, IPv6Prefix: 48}, "2001:db8:1:2::1", "", "2001:db8:1::/48"},
+		{IPRule{IPv4Prefix: 32, IPv6Prefix: 128}, "2001:db8:1:2::1", "", "2001:db8:1:2::1"},
+		{IPRule{TrustedHops: 1, IPv4Prefix: 32, IPv6Prefix: 64}, "10.0.0.1", "2001:db8:9:9::5", "2001:db8:9:9::/64"},
+		{IPRule{}, "2001:db8:1:2::1", "", "2001:db8:1:2::1"}, // the zero value keeps the address
+	} {
+		if got := tc.rule.Key(tc.peer, tc.xff); got != tc.want {
+			t.Errorf("%+v.Key(%q, %q) = %q, want %q", tc.rule, tc.peer, tc.xff, got, tc.want)
+		}
+	}
+}
+
 func TestKeyring(t *testing.T) {
 	type client struct{ ID, Plan string }
 	k := NewKeyring[client](1)

@@ -1,14 +1,30 @@
-// Package localcache holds per-key limiter state in a bounded, sharded LRU.
+// Package localcache holds per-key limiter state in a bounded, sharded
+// cache that resists scans.
 //
 // Design note: every decision touches exactly one key, so on machines with
 // many cores the cache is split into shards by a hash of the key (see
-// shardsFor), each an independent hashicorp/golang-lru simplelru.LRU
-// guarded by its own mutex. The mutex also guards the values, so a caller
-// mutates an entry between Lock and Unlock without a second lock. The total
-// number of entries never exceeds the configured bound: the shards'
-// capacities add up to it, and the least recently used entry of a full
-// shard is evicted (and reported to the eviction callback) before a new one
-// is added.
+// shardsFor), each guarded by its own mutex. The mutex also guards the
+// values, so a caller mutates an entry between Lock and Unlock without a
+// second lock. The total number of entries never exceeds the configured
+// bound: the shards' capacities add up to it, and a full shard evicts an
+// entry (reported to the eviction callback) before a new one is added.
+//
+// Which entry goes is decided as in 2Q (Johnson and Shasha, VLDB 1994; the
+// simplified form of hashicorp/golang-lru's TwoQueueCache): a key seen once
+// waits in a "recent" LRU of a quarter of the shard; seen again, it moves
+// to the "frequent" LRU that may fill the rest. A full shard evicts from
+// recent while recent holds more than its quarter, so a scan of keys
+// touched once (a caller sending a thousand distinct paths, say) only
+// churns recent, and keys in steady use stay. Each eviction leaves a ghost:
+// the key's 64-bit fingerprint and the instant given with the Add that
+// evicted it, in a bounded LRU of half the shard's capacity. A key that
+// comes back while its ghost is remembered goes straight to frequent (it
+// was in use after all), and AddAt tells the caller when it was evicted,
+// so a rate-limit count can restart from no better than it was then.
+//
+// TwoQueueCache itself is not used: it has no eviction callback (hybrid
+// slices must be returned when their key is evicted), takes a lock of its
+// own inside the shard's, and keeps whole keys as ghosts.
 package localcache
 
 import (
@@ -28,6 +44,12 @@ const MaxShards = 64
 // keys of one shard while others sit empty.
 const minPerShard = 1024
 
+// The 2Q proportions of a shard (see the design note).
+const (
+	recentRatio = 0.25 // of the capacity, for keys seen once
+	ghostRatio  = 0.50 // of the capacity, ghosts of evicted keys
+)
+
 // Cache is a bounded map from string keys to values of type V.
 // It is safe for concurrent use. The zero value is not usable; call New.
 type Cache[V any] struct {
@@ -35,14 +57,22 @@ type Cache[V any] struct {
 	mask      uint64
 	shards    []Shard[V]
 	bound     int
+	onEvict   func(key string, value V)
 	evictions atomic.Uint64
 }
 
 // Shard is one independently locked part of a Cache.
 type Shard[V any] struct {
-	mu  sync.Mutex // guards lru and every value stored in lru
-	lru *simplelru.LRU[string, V]
-	_   [112]byte // 128 bytes a shard: neighbouring mutexes never share a cache line
+	mu sync.Mutex // guards everything below and every value stored
+	c  *Cache[V]
+	// recent holds keys seen once, frequent keys seen again; together at
+	// most capacity. ghosts maps evicted keys' fingerprints to the
+	// instant given with the Add that evicted them.
+	recent, frequent *simplelru.LRU[string, V]
+	ghosts           *simplelru.LRU[uint64, int64]
+	capacity         int
+	recentCap        int
+	_                [72]byte // 128 bytes a shard: neighbouring mutexes never share a cache line
 }
 
 // New returns a cache holding at most maxKeys entries. onEvict, if not nil,
@@ -62,10 +92,11 @@ func newSharded[V any](maxKeys, shards int, onEvict func(key string, value V)) (
 		return nil, fmt.Errorf("localcache: shard count %d must be a power of two between 1 and %d", shards, maxKeys)
 	}
 	c := &Cache[V]{
-		seed:   maphash.MakeSeed(),
-		mask:   uint64(shards - 1),
-		shards: make([]Shard[V], shards),
-		bound:  maxKeys,
+		seed:    maphash.MakeSeed(),
+		mask:    uint64(shards - 1),
+		shards:  make([]Shard[V], shards),
+		bound:   maxKeys,
+		onEvict: onEvict,
 	}
 	for i := range c.shards {
 		// Spread the remainder so the shards add up to exactly maxKeys.
@@ -73,16 +104,16 @@ func newSharded[V any](maxKeys, shards int, onEvict func(key string, value V)) (
 		if i < maxKeys%shards {
 			per++
 		}
-		l, err := simplelru.NewLRU[string, V](per, func(k string, v V) {
-			c.evictions.Add(1)
-			if onEvict != nil {
-				onEvict(k, v)
-			}
-		})
+		// Both LRUs may hold the whole capacity; ensureSpace keeps their
+		// sum within it, so neither ever evicts on its own.
+		recent, err := simplelru.NewLRU[string, V](per, nil)
 		if err != nil {
 			return nil, fmt.Errorf("localcache: %w", err)
 		}
-		c.shards[i].lru = l
+		frequent, _ := simplelru.NewLRU[string, V](per, nil)
+		ghosts, _ := simplelru.NewLRU[uint64, int64](max(int(float64(per)*ghostRatio), 1), nil)
+		c.shards[i] = Shard[V]{c: c, recent: recent, frequent: frequent, ghosts: ghosts,
+			capacity: per, recentCap: int(float64(per) * recentRatio)}
 	}
 	return c, nil
 }
@@ -115,18 +146,95 @@ func (c *Cache[V]) Lock(key string) *Shard[V] {
 	return s
 }
 
-// Get returns key's value and marks it recently used. The shard must be
-// locked.
-func (s *Shard[V]) Get(key string) (V, bool) { return s.lru.Get(key) }
+// Get returns key's value and marks it used: a key seen once before moves
+// to the frequent part. The shard must be locked.
+func (s *Shard[V]) Get(key string) (V, bool) {
+	return s.get(key) // one call, so that Get itself inlines
+}
 
-// Peek returns key's value without marking it recently used, for
-// maintenance passes that must not disturb the eviction order. The shard
-// must be locked.
-func (s *Shard[V]) Peek(key string) (V, bool) { return s.lru.Peek(key) }
+func (s *Shard[V]) get(key string) (V, bool) {
+	if v, ok := s.frequent.Get(key); ok {
+		return v, true
+	}
+	// Seen once before: promote it.
+	v, ok := s.recent.Peek(key)
+	if ok {
+		s.recent.Remove(key)
+		s.frequent.Add(key, v)
+	}
+	return v, ok
+}
 
-// Add stores value under key, evicting the shard's least recently used entry
-// when it is full. The shard must be locked.
-func (s *Shard[V]) Add(key string, value V) { s.lru.Add(key, value) }
+// Peek returns key's value without marking it used, for maintenance
+// passes and second looks that must not disturb the eviction order. The
+// shard must be locked.
+func (s *Shard[V]) Peek(key string) (V, bool) {
+	if v, ok := s.frequent.Peek(key); ok {
+		return v, true
+	}
+	return s.recent.Peek(key)
+}
+
+// Evicted returns the instant remembered with key's ghost, when key is not
+// held and was evicted recently enough to be remembered (see AddAt). It
+// changes nothing. The shard must be locked.
+func (s *Shard[V]) Evicted(key string) (at int64, ok bool) {
+	return s.ghosts.Peek(maphash.String(s.c.seed, key))
+}
+
+// Add stores value under key, evicting an entry when the shard is full.
+// It is AddAt with no instant. The shard must be locked.
+func (s *Shard[V]) Add(key string, value V) { s.AddAt(key, value, 0) }
+
+// AddAt stores value under key, evicting an entry when the shard is full;
+// now (any clock the caller keeps, such as unix nanoseconds) is remembered
+// in the evicted entry's ghost. When key itself was evicted and its ghost
+// is still remembered, AddAt returns the instant given then, and true. The
+// shard must be locked.
+func (s *Shard[V]) AddAt(key string, value V, now int64) (evictedAt int64, evicted bool) {
+	if s.frequent.Contains(key) {
+		s.frequent.Add(key, value)
+		return 0, false
+	}
+	if s.recent.Remove(key) {
+		s.frequent.Add(key, value)
+		return 0, false
+	}
+	fp := maphash.String(s.c.seed, key)
+	if evictedAt, evicted = s.ghosts.Peek(fp); evicted {
+		// It was in use before it was pushed out: back to frequent.
+		s.ghosts.Remove(fp)
+		s.ensureSpace(now, true)
+		s.frequent.Add(key, value)
+		return evictedAt, true
+	}
+	s.ensureSpace(now, false)
+	s.recent.Add(key, value)
+	return 0, false
+}
+
+// ensureSpace evicts one entry when the shard is full: the oldest of
+// recent while recent holds more than its share (or exactly its share and
+// the newcomer is not a ghost's return), else the least recently used of
+// frequent.
+func (s *Shard[V]) ensureSpace(now int64, ghost bool) {
+	r := s.recent.Len()
+	if r+s.frequent.Len() < s.capacity {
+		return
+	}
+	var k string
+	var v V
+	if r > 0 && (r > s.recentCap || (r == s.recentCap && !ghost)) {
+		k, v, _ = s.recent.RemoveOldest()
+	} else {
+		k, v, _ = s.frequent.RemoveOldest()
+	}
+	s.ghosts.Add(maphash.String(s.c.seed, k), now)
+	s.c.evictions.Add(1)
+	if s.c.onEvict != nil {
+		s.c.onEvict(k, v)
+	}
+}
 
 // Unlock releases the shard.
 func (s *Shard[V]) Unlock() { s.mu.Unlock() }
@@ -138,7 +246,7 @@ func (c *Cache[V]) Len() int {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		n += s.lru.Len()
+		n += s.recent.Len() + s.frequent.Len()
 		s.mu.Unlock()
 	}
 	return n

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 )
 
 func TestBoundNeverExceeded(t *testing.T) {
@@ -59,6 +60,78 @@ func TestEvictionCallback(t *testing.T) {
 	}
 	if c.Evictions() != 1 || c.Len() != 2 {
 		t.Fatalf("evictions %d, entries %d; want 1 and 2", c.Evictions(), c.Len())
+	}
+}
+
+// A scan of keys seen once never pushes out keys in steady use: with 64
+// entries, two keys used twice survive a thousand one-off keys.
+func TestScanResistance(t *testing.T) {
+	c, _ := newSharded[int](64, 1, nil)
+	use := func(k string) {
+		s := c.Lock(k)
+		if _, ok := s.Get(k); !ok {
+			s.Add(k, 0)
+		}
+		s.Unlock()
+	}
+	for _, k := range []string{"ada", "bob", "ada", "bob"} {
+		use(k)
+	}
+	for i := 0; i < 1000; i++ {
+		use("scan" + strconv.Itoa(i))
+	}
+	for _, k := range []string{"ada", "bob"} {
+		s := c.Lock(k)
+		_, ok := s.Peek(k)
+		s.Unlock()
+		if !ok {
+			t.Fatalf("%s, used twice, was pushed out by a scan of keys used once", k)
+		}
+	}
+	if n := c.Len(); n != 64 || c.Evictions() != 1002-64 {
+		t.Fatalf("%d entries, %d evictions; want 64 and %d", n, c.Evictions(), 1002-64)
+	}
+}
+
+// An evicted key leaves a ghost: coming back while it is remembered, AddAt
+// says when it was pushed out (the instant of the Add that did it), and the
+// key goes to the frequent part. A ghost is remembered for about half the
+// capacity's evictions.
+func TestGhosts(t *testing.T) {
+	c, _ := newSharded[int](8, 1, nil)
+	add := func(k string, now int64) (int64, bool) {
+		s := c.Lock(k)
+		defer s.Unlock()
+		return s.AddAt(k, 0, now)
+	}
+	if _, ok := add("x", 1); ok {
+		t.Fatal("a new key reported as evicted")
+	}
+	for i := 0; i < 8; i++ { // the 8th evicts x, at 100+7
+		add("s"+strconv.Itoa(i), int64(100+i))
+	}
+	if at, ok := add("x", 200); !ok || at != 107 {
+		t.Fatalf("x came back: evicted at %d, %v; want 107, true", at, ok)
+	}
+	// x is in frequent now: a scan of 20 keys seen once leaves it.
+	for i := 0; i < 20; i++ {
+		add("t"+strconv.Itoa(i), int64(300+i))
+	}
+	s := c.Lock("x")
+	_, ok := s.Peek("x")
+	s.Unlock()
+	if !ok {
+		t.Fatal("x, back from eviction, was pushed out by keys seen once")
+	}
+	// s0 went long ago: 4 ghosts are kept, and 20 keys were evicted since.
+	if _, ok := add("s0", 400); ok {
+		t.Fatal("a ghost outlived the ghost list's bound")
+	}
+}
+
+func TestShardSize(t *testing.T) {
+	if n := unsafe.Sizeof(Shard[int]{}); n != 128 {
+		t.Fatalf("a Shard is %d bytes; the padding keeps it at 128", n)
 	}
 }
 

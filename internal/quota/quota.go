@@ -143,3 +143,9 @@ type Limiter interface {
 	// policy denied the same request. It is best effort.
 	Refund(ctx context.Context, key string, l Limit, n int64, now time.Time) error
 }
+
+// Peeker is a Limiter that can say what Take would decide for key at now
+// without taking a unit or creating any state.
+type Peeker interface {
+	Peek(ctx context.Context, key string, l Limit, now time.Time) (Decision, error)
+}

@@ -107,3 +107,22 @@ func (s *State) CapToShare(l, fl Limit, ns, peers, remote, remoteAt int64) {
 		}
 	}
 }
+
+// StartEmpty sets a state that has counted nothing to hold no units at
+// `at` (unix ns), restored since by l's algorithm as ns: what a key
+// evicted from this process's table at `at` gets when it comes back. It
+// never holds more than the key held when it was evicted (some units,
+// restored by the same rule), so eviction cannot hand out a fresh budget;
+// the price is that a key evicted while it held units loses them until
+// they are restored. For a sliding window, "nothing at `at`" in the window
+// before ns's counts that previous window as full.
+func (s *State) StartEmpty(l Limit, at, ns int64) {
+	at = min(at, ns) // an eviction stamped by a decision a moment later
+	s.CapToShare(l, l, ns, 1, 0, at)
+	if l.Algorithm == SlidingWindow {
+		w := int64(l.Window)
+		if c := s.counts; c != nil && windowStart(at, w) == c.win.start-w {
+			c.win.prev = max(c.win.prev, l.Limit)
+		}
+	}
+}

@@ -1,6 +1,9 @@
 package quota
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // State is one key's count under one algorithm: the whole of what local
 // mode keeps per key, and of a Redis-backed key's fallback bucket. The
@@ -63,6 +66,19 @@ func (s *State) Take(l Limit, n, ns int64) (Decision, error) {
 		return Decision{}, fmt.Errorf("quota: unknown algorithm %s", l.Algorithm)
 	}
 	return d, nil
+}
+
+// Peek returns what Take would decide for one unit under l at ns, leaving
+// s as it is. It allocates a copy of the window counters or the log for
+// the counting algorithms; the buckets' state is copied for free.
+func (s *State) Peek(l Limit, ns int64) (Decision, error) {
+	c := *s
+	if s.counts != nil {
+		cc := *s.counts
+		cc.log.ts = slices.Clone(s.counts.log.ts)
+		c.counts = &cc
+	}
+	return c.Take(l, 1, ns)
 }
 
 // Refund gives back n units that Take admitted under l. A state holding no

@@ -56,6 +56,10 @@ func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse
 				// descriptor: OK, and all the room there is.
 				st.LimitRemaining = math.MaxUint32
 			}
+		case sl.take >= a.asked:
+			// Not asked: an earlier descriptor denied the request, which
+			// ends it before this one's count is read or created.
+			st.CurrentLimit = sl.current
 		default:
 			t := &a.takes[sl.take]
 			if !t.OK && !t.Policy.Shadow {
@@ -87,7 +91,7 @@ func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse
 
 func (c *compiled) headers(p *respParts, a *answer, o engine.Outcome) {
 	resp := &p.resp
-	v := engine.VerdictOf(o, a.takes)
+	v := engine.VerdictOf(o, a.takes[:a.asked])
 	legacy := c.cfg.Headers.Legacy
 	if o == engine.OK {
 		t := v.Tightest()

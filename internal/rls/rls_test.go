@@ -350,25 +350,35 @@ descriptors:
 }
 
 // Several descriptors, one over its limit: the request is over the limit,
-// each status says which, and the others spent nothing.
+// each status says which, and the others spent nothing. The descriptors
+// are asked in order and the first denial ends the request: those before
+// it are refunded, those after it are not read or created (their status
+// says OK and the limit, nothing more).
 func TestOneDeniedSpendsNothing(t *testing.T) {
 	f := newFixture(t, "", example("02_nested"))
 	promo := desc("kind", "promo", "phone", "1")
 	any := desc("phone", "1")
-	f.limitOf(5, "sms", promo, any) // 5 of each spent
+	f.limitOf(5, "sms", any, promo) // 5 of each spent
 	for i := 0; i < 10; i++ {
-		resp := f.call("sms", promo, any)
+		resp := f.call("sms", any, promo)
 		sts := resp.GetStatuses()
 		// The other descriptor's status says what remains after its
 		// hit was given back.
-		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || sts[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT ||
-			sts[1].GetCode() != rlsv3.RateLimitResponse_OK || sts[1].GetLimitRemaining() != 95 {
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || sts[1].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT ||
+			sts[0].GetCode() != rlsv3.RateLimitResponse_OK || sts[0].GetLimitRemaining() != 95 {
 			t.Fatalf("%v", resp)
 		}
 	}
+	// Denied first: the number's descriptor is not asked.
+	resp := f.call("sms", promo, any)
+	if sts := resp.GetStatuses(); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || sts[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT ||
+		sts[1].GetCode() != rlsv3.RateLimitResponse_OK || sts[1].GetLimitRemaining() != 0 || sts[1].GetCurrentLimit().GetRequestsPerUnit() != 100 {
+		t.Fatalf("denied first: %v", resp)
+	}
 	// 100 a day to the number: 5 spent with the promotions, 95 remain.
 	f.limitOf(95, "sms", any)
-	// Refunded: limitOf's sixth request and the ten above.
+	// Refunded: limitOf's sixth request and the ten above; the request
+	// denied first refunded nothing.
 	if r := f.decisions("sms.phone", "refunded"); r != 11 {
 		t.Fatalf("refunds counted: %v, want 11", r)
 	}

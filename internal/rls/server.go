@@ -139,6 +139,7 @@ var answers = sync.Pool{New: func() any { return new(answer) }}
 // and what each descriptor found.
 type answer struct {
 	takes   []engine.Taken
+	asked   int    // takes[:asked] were decided; TakeAll stops at a denial
 	slots   []slot // by descriptor
 	takeBuf [2]engine.Taken
 	slotBuf [2]slot
@@ -266,7 +267,8 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 	}
 
 	// 2. Take them all or none.
-	outcome, err := engine.TakeAll(ctx, a.takes, now, s.hold)
+	outcome, asked, err := engine.TakeAll(ctx, a.takes, now, s.hold)
+	a.asked = asked
 	switch {
 	case err != nil && outcome == engine.Canceled:
 		return nil, outcome, grpcstatus.FromContextError(err).Err()

@@ -2,7 +2,9 @@ package deploy
 
 import (
 	"bytes"
+	"context"
 	"debug/elf"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -14,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
 	"github.com/moby/buildkit/frontend/dockerfile/parser"
@@ -422,4 +425,54 @@ func compareVersions(a, b string) int {
 		}
 	}
 	return 0
+}
+
+// TestImageRequiresAMountedConfig runs the binary the Dockerfile builds as
+// the image's default command would, with the final stage's ENV,
+// ENTRYPOINT and CMD and no configuration mounted: it must exit 1 saying
+// where it looked, never serve the embedded demo configuration, whose API
+// key is published.
+func TestImageRequiresAMountedConfig(t *testing.T) {
+	d, err := parseDockerfile(repoRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	final := d.stages[len(d.stages)-1]
+	env := []string{"PATH=/usr/bin:/bin", "HOME=" + t.TempDir()}
+	var cmd []string
+	for _, c := range final.Commands {
+		switch c := c.(type) {
+		case *instructions.EnvCommand:
+			for _, kv := range c.Env {
+				env = append(env, kv.Key+"="+kv.Value)
+			}
+		case *instructions.CmdCommand:
+			cmd = c.CmdLine
+		}
+	}
+	var config string
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "EXTAUTHZ_CONFIG="); ok {
+			config = v
+		}
+	}
+	if config == "" {
+		t.Fatal("Dockerfile: the final stage does not set EXTAUTHZ_CONFIG: the image's default command serves the embedded demo configuration and its published key")
+	}
+	if _, err := os.Stat(config); err == nil {
+		t.Skipf("%s exists on this machine: cannot run the image's command without a configuration", config)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	run := exec.CommandContext(ctx, extauthzBinary(t), cmd...)
+	run.Env, run.Dir = env, t.TempDir()
+	out, err := run.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("the image's command with no configuration: %v, want exit 1\n%s", err, out)
+	}
+	want := "no configuration file at " + config + " (from $EXTAUTHZ_CONFIG): mount one there"
+	if !strings.Contains(string(out), want) || strings.Contains(string(out), "key-demo-123") {
+		t.Fatalf("the image's command with no configuration said:\n%s\nwant %q and no demo", out, want)
+	}
 }

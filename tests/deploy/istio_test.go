@@ -3,6 +3,8 @@ package deploy
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -250,6 +252,63 @@ func serviceEntryFor(s *set, host string) *networkingistio.ServiceEntry {
 		}
 	}
 	return nil
+}
+
+// strictMTLS reports whether an Istio PeerAuthentication selecting pods
+// with labels requires mTLS on port (STRICT, not relaxed for that port).
+func strictMTLS(s *set, labels map[string]string, port int32) bool {
+	for _, o := range s.objs {
+		pa, ok := o.spec.(*securityistio.PeerAuthentication)
+		if !ok || !selects(pa.GetSelector().GetMatchLabels(), labels) {
+			continue
+		}
+		mode := pa.GetMtls().GetMode()
+		if pm, ok := pa.GetPortLevelMtls()[uint32(port)]; ok {
+			mode = pm.GetMode()
+		}
+		if mode == securityistio.PeerAuthentication_MutualTLS_STRICT {
+			return true
+		}
+	}
+	return false
+}
+
+// openAllowRules returns a description of each rule of an Istio ALLOW
+// policy selecting pods with labels that lets a caller reach port without
+// naming it: no from clause, a source with neither namespaces nor
+// principals, or a "*" among them.
+func openAllowRules(s *set, labels map[string]string, port int32) []string {
+	var out []string
+	want := strconv.Itoa(int(port))
+	for _, o := range s.objs {
+		ap, ok := o.spec.(*securityistio.AuthorizationPolicy)
+		if !ok || ap.GetAction() != securityistio.AuthorizationPolicy_ALLOW || !selects(ap.GetSelector().GetMatchLabels(), labels) {
+			continue
+		}
+		for i, r := range ap.GetRules() {
+			covers := len(r.GetTo()) == 0
+			for _, to := range r.GetTo() {
+				ports := to.GetOperation().GetPorts()
+				if len(ports) == 0 || slices.Contains(ports, want) {
+					covers = true
+				}
+			}
+			if !covers {
+				continue
+			}
+			if len(r.GetFrom()) == 0 {
+				out = append(out, fmt.Sprintf("%s: rule %d admits any caller to port %s; name the namespaces that use extauthz (source: {namespaces: [...]})", o, i, want))
+			}
+			for _, f := range r.GetFrom() {
+				src := f.GetSource()
+				names := append(append([]string{}, src.GetNamespaces()...), src.GetPrincipals()...)
+				if len(names) == 0 || slices.Contains(names, "*") {
+					out = append(out, fmt.Sprintf("%s: rule %d admits any mesh identity to port %s; name the namespaces that use extauthz (source: {namespaces: [...]}) or their principals", o, i, want))
+				}
+			}
+		}
+	}
+	return out
 }
 
 // hasAllowPolicy reports whether an Istio ALLOW AuthorizationPolicy selects

@@ -139,8 +139,8 @@ func checkDeployment(p *problems, s *set, d *object) *podInfo {
 		}
 	}
 	if ext != nil {
-		info.extauthz, info.grpcPort = checkExtauthzContainer(p, s, d, volumes, ext)
 		info.alone = len(all) == 1
+		info.extauthz, info.grpcPort = checkExtauthzContainer(p, s, d, volumes, ext, info.alone)
 	}
 	if env != nil {
 		info.sameEnvoy = ext != nil
@@ -327,8 +327,10 @@ func mountedConfigMap(s *set, volumes map[string]*corev1.Volume, c *corev1.Conta
 }
 
 // checkExtauthzContainer checks the extauthz container against the config
-// it loads, which it returns with its gRPC container port.
-func checkExtauthzContainer(p *problems, s *set, d *object, volumes map[string]*corev1.Volume, c *corev1.Container) (*sidecarConfig, int32) {
+// it loads, which it returns with its gRPC container port. alone says the
+// pod runs nothing else (a shared extauthz); otherwise a proxy beside it
+// is its one caller.
+func checkExtauthzContainer(p *problems, s *set, d *object, volumes map[string]*corev1.Volume, c *corev1.Container, alone bool) (*sidecarConfig, int32) {
 	name := fmt.Sprintf("%s: container %s", d, c.Name)
 	file, ok := flagValue(c.Args, "config")
 	if !ok {
@@ -408,10 +410,29 @@ func checkExtauthzContainer(p *problems, s *set, d *object, volumes map[string]*
 			p.add("%s: extauthz listens on port %d, which the container does not declare", name, l.port)
 		}
 	}
-	if c.ReadinessProbe == nil || c.ReadinessProbe.GRPC == nil || uint32(c.ReadinessProbe.GRPC.Port) != grpcL.port {
-		p.add("%s: readinessProbe must be a gRPC probe of the Check port %d", name, grpcL.port)
-	} else if svc := c.ReadinessProbe.GRPC.Service; svc == nil || *svc != grpcHealthService {
-		p.add("%s: readinessProbe should ask for service %s: it goes NOT_SERVING while draining", name, grpcHealthService)
+	if !alone && grpcL.unix == "" && !grpcL.isLoopback() {
+		// Check believes what its caller says (the client address,
+		// principal and claims): beside its proxy, nothing else may reach
+		// it, and a NetworkPolicy cannot promise that (some CNIs do not
+		// enforce it, host-network pods bypass it).
+		p.add("%s: listen.grpc %s: beside its proxy in the pod, extauthz must listen on loopback (or a unix socket), not rely on a NetworkPolicy", name, sc.Listen.GRPC)
+	}
+	// Readiness must follow draining: /readyz on the admin port, or the
+	// gRPC health of the Authorization service where the kubelet can reach
+	// the Check port.
+	switch rp := c.ReadinessProbe; {
+	case rp != nil && rp.HTTPGet != nil:
+		if port, ok := probePort(c, rp); !ok || uint32(port) != adminL.port || rp.HTTPGet.Path != "/readyz" {
+			p.add("%s: readinessProbe must be httpGet /readyz on the admin port %d: it answers 503 while draining", name, adminL.port)
+		}
+	case rp != nil && rp.GRPC != nil:
+		if uint32(rp.GRPC.Port) != grpcL.port {
+			p.add("%s: a gRPC readinessProbe must ask the Check port %d", name, grpcL.port)
+		} else if svc := rp.GRPC.Service; svc == nil || *svc != grpcHealthService {
+			p.add("%s: readinessProbe should ask for service %s: it goes NOT_SERVING while draining", name, grpcHealthService)
+		}
+	default:
+		p.add("%s: readinessProbe must be httpGet /readyz on the admin port %d (or, where the Check port is reachable, a gRPC probe of it)", name, adminL.port)
 	}
 	if c.LivenessProbe == nil {
 		p.add("%s: no livenessProbe", name)
@@ -488,23 +509,28 @@ func checkEnvoyContainer(p *problems, s *set, d *object, spec *corev1.PodSpec, v
 
 // checkIsolation checks that extauthz's Check port is reachable only by
 // those meant to call it. Check believes what it is told (the caller's
-// address, principal and claims), so an extauthz beside its Envoy must not
-// take Checks from other pods, and a shared one must be behind a policy.
+// address, principal and claims). An extauthz beside its proxy listens on
+// loopback (checkExtauthzContainer). A shared one is reached over the
+// network, so its callers must prove who they are (mTLS, which Istio's
+// STRICT PeerAuthentication requires) and be named: an ALLOW policy
+// listing the namespaces or principals that use it, never any caller.
 func checkIsolation(p *problems, s *set) {
 	for _, pod := range s.pods {
-		if pod.extauthz == nil {
+		if pod.extauthz == nil || !pod.alone {
 			continue
 		}
 		l, err := pod.extauthz.grpcEndpoint()
-		if err != nil || l.isLoopback() {
+		if err != nil || l.isLoopback() || l.unix != "" {
 			continue
 		}
-		admits, isolated := admitsPort(s, pod.labels, pod.grpcPort, "grpc")
-		switch {
-		case !pod.alone && (!isolated || admits):
-			p.add("Deployment %s: extauthz's gRPC port %d listens on %s and no NetworkPolicy keeps other pods from it", pod.deployment, pod.grpcPort, l.host)
-		case pod.alone && !isolated && !hasAllowPolicy(s, pod.labels):
-			p.add("Deployment %s: a shared extauthz needs a NetworkPolicy or an Istio ALLOW AuthorizationPolicy saying who may call it", pod.deployment)
+		if !strictMTLS(s, pod.labels, pod.grpcPort) {
+			p.add("Deployment %s: a shared extauthz needs mTLS on its gRPC port %d: an Istio PeerAuthentication in STRICT mode selecting it", pod.deployment, pod.grpcPort)
+		}
+		if !hasAllowPolicy(s, pod.labels) {
+			p.add("Deployment %s: a shared extauthz needs an Istio ALLOW AuthorizationPolicy saying who may call it", pod.deployment)
+		}
+		for _, msg := range openAllowRules(s, pod.labels, pod.grpcPort) {
+			p.add("Deployment %s: %s", pod.deployment, msg)
 		}
 	}
 }

@@ -259,7 +259,7 @@ func TestPeers(t *testing.T) {
 	// high-water of 2 is refreshed by every beat that hears 2.
 	b.Close(context.Background())
 	// b's last beat, now: the heartbeat script, as b's loop would run it.
-	runScript(t, rdb, "peers", []string{"rl:{peers}"}, "b", ttl.Milliseconds(), clk.Now().UnixMicro())
+	runScript(t, rdb, "peers", []string{redisstore.PeersKey("rl:")}, "b", ttl.Milliseconds(), clk.Now().UnixMicro())
 	clk.Advance(10 * time.Second)
 	a.Beat(context.Background())
 	if a.Count() != 2 {

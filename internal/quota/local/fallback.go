@@ -45,7 +45,7 @@ func (f *Fallback) Take(key string, l quota.Limit, n, peers int64, now time.Time
 	fl := quota.Share(l, peers)
 	ns := now.UnixNano()
 	sh := f.table.Lock(key)
-	s := stateLocked(sh, key)
+	s := stateLocked(sh, key, &fl, ns)
 	switch {
 	case level != nil:
 		s.CapToShare(l, fl, ns, peers, level.Remaining, level.At.UnixNano())

@@ -3,9 +3,11 @@
 // buckets the Redis modes decide with while Redis is unreachable.
 //
 // Each replica counts alone, so N replicas in local mode admit up to N
-// times the limit. Memory is bounded by the table: the least recently used
-// key is evicted when it is full, and an evicted key starts again from a
-// full bucket.
+// times the limit. Memory is bounded by the table (localcache: keys seen
+// once are evicted before keys in steady use). An evicted key that comes
+// back while the table remembers its eviction starts empty from that
+// instant (quota.State.StartEmpty): it never returns with more than it
+// had, at the price of what it held then.
 package local
 
 import (
@@ -32,12 +34,22 @@ func NewTable(maxKeys int) (*Table, error) {
 	return &Table{Cache: c}, nil
 }
 
-// stateLocked returns key's state in the locked shard, creating it.
-func stateLocked(sh *localcache.Shard[*quota.State], key string) *quota.State {
-	s, ok := sh.Get(key)
-	if !ok {
-		s = &quota.State{}
-		sh.Add(key, s)
+// stateLocked returns key's state in the locked shard, creating it for a
+// decision under l at ns (addLocked).
+func stateLocked(sh *localcache.Shard[*quota.State], key string, l *quota.Limit, ns int64) *quota.State {
+	if s, ok := sh.Get(key); ok {
+		return s
+	}
+	return addLocked(sh, key, l, ns)
+}
+
+// addLocked adds a state for key, which the locked shard does not hold: a
+// key the table evicted not long ago starts empty from its eviction
+// (quota.State.StartEmpty), a new one fresh.
+func addLocked(sh *localcache.Shard[*quota.State], key string, l *quota.Limit, ns int64) *quota.State {
+	s := &quota.State{}
+	if at, evicted := sh.AddAt(key, s, ns); evicted {
+		s.StartEmpty(*l, at, ns)
 	}
 	return s
 }
@@ -47,23 +59,50 @@ type Limiter struct {
 	table *Table
 }
 
-var _ quota.Limiter = (*Limiter)(nil)
+var (
+	_ quota.Limiter = (*Limiter)(nil)
+	_ quota.Peeker  = (*Limiter)(nil)
+)
 
 // New returns the local-mode limiter keeping its counts in table.
 func New(table *Table) *Limiter { return &Limiter{table: table} }
 
 // Take implements quota.Limiter.
 func (l *Limiter) Take(_ context.Context, key string, lim quota.Limit, n int64, now time.Time) (quota.Decision, error) {
+	ns := now.UnixNano()
 	sh := l.table.Lock(key)
-	d, err := stateLocked(sh, key).Take(lim, n, now.UnixNano())
+	// stateLocked, written out: the hot path makes no call for it.
+	s, ok := sh.Get(key)
+	if !ok {
+		s = addLocked(sh, key, &lim, ns)
+	}
+	d, err := s.Take(lim, n, ns)
 	sh.Unlock()
 	return d, err
 }
 
-// Refund implements quota.Limiter.
+// Peek implements quota.Peeker: what Take would decide, key's entry and
+// the table's order left as they are. A key the table does not hold is
+// judged as Take would create it (fresh, or empty from its eviction).
+func (l *Limiter) Peek(_ context.Context, key string, lim quota.Limit, now time.Time) (quota.Decision, error) {
+	ns := now.UnixNano()
+	sh := l.table.Lock(key)
+	defer sh.Unlock()
+	if s, ok := sh.Peek(key); ok {
+		return s.Peek(lim, ns)
+	}
+	var s quota.State
+	if at, evicted := sh.Evicted(key); evicted {
+		s.StartEmpty(lim, at, ns)
+	}
+	return s.Take(lim, 1, ns)
+}
+
+// Refund implements quota.Limiter. It does not count as a use of the key:
+// a key taken once and refunded is still a key seen once.
 func (l *Limiter) Refund(_ context.Context, key string, lim quota.Limit, n int64, now time.Time) error {
 	sh := l.table.Lock(key)
-	if s, ok := sh.Get(key); ok {
+	if s, ok := sh.Peek(key); ok {
 		s.Refund(lim, n, now.UnixNano())
 	}
 	sh.Unlock()

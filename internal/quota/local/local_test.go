@@ -74,3 +74,30 @@ func BenchmarkLocalAlgorithms(b *testing.B) {
 		})
 	}
 }
+
+// Peek says what Take would decide and changes nothing: no entry for a new
+// key, no unit from a known one.
+func TestPeek(t *testing.T) {
+	table, _ := NewTable(1000)
+	lim := New(table)
+	ctx := context.Background()
+	for _, a := range []quota.Algorithm{quota.TokenBucket, quota.SlidingWindow, quota.FixedWindow, quota.SlidingLog, quota.LeakyBucket} {
+		l := quota.Limit{Algorithm: a, Limit: 2, Window: time.Minute}
+		key := "k:" + a.String()
+		if d, _ := lim.Peek(ctx, key, l, at(0)); !d.Allowed || table.Len() != 0 {
+			t.Fatalf("%s: peek at a new key: %+v, %d entries", a, d, table.Len())
+		}
+		for i := 0; i < 2; i++ {
+			peeked, _ := lim.Peek(ctx, key, l, at(0))
+			taken, _ := lim.Take(ctx, key, l, 1, at(0))
+			if peeked != taken {
+				t.Fatalf("%s, unit %d: peeked %+v, took %+v", a, i+1, peeked, taken)
+			}
+		}
+		if d, _ := lim.Peek(ctx, key, l, at(0)); d.Allowed {
+			t.Fatalf("%s: peek after the limit: %+v", a, d)
+		}
+		table, _ = NewTable(1000) // a fresh table for the next algorithm
+		lim = New(table)
+	}
+}

@@ -137,7 +137,9 @@ func (s *Store) Close() {
 
 // key returns the Redis key of a partition: the prefix, then the partition
 // in a hash tag, so every key a script touches for it lands in one Cluster
-// slot: "rl:{orders:client:ada}".
+// slot: "rl:{orders:client:ada}". Every policy key thus has '{' right after
+// the prefix; the store's own keys never do (PeersKey), so no policy, by
+// its name or its key, can land on them.
 func (s *Store) key(partition string) string {
 	return s.opts.Prefix + "{" + partition + "}"
 }
@@ -286,7 +288,14 @@ func (s *Store) leave(ctx context.Context, id string) error {
 	return s.rdb.ZRem(ctx, s.peersKey(), id).Err()
 }
 
-func (s *Store) peersKey() string { return s.opts.Prefix + "{peers}" }
+func (s *Store) peersKey() string { return PeersKey(s.opts.Prefix) }
+
+// PeersKey is the replicas' heartbeat set under key prefix: "rl:_peers".
+// It is outside the policies' key space: a policy key always has '{' right
+// after the prefix (Store.key). (Until issue 15 it was "rl:{peers}", the
+// key of a policy named peers with no key parts: that policy's script then
+// met a sorted set and failed with WRONGTYPE, as did the heartbeat.)
+func PeersKey(prefix string) string { return prefix + "_peers" }
 
 // intervalMicros formats l's refill interval in microseconds, keeping the
 // fraction (100 per second is 10000, 3 per second 333333.333).
