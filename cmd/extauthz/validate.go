@@ -133,6 +133,9 @@ func describeFlags(p config.Policy) string {
 	if p.OnMissingKey == config.MissingReject {
 		f = append(f, "missing key=401")
 	}
+	if p.Cost != (config.Cost{Units: 1}) {
+		f = append(f, "cost="+p.Cost.String())
+	}
 	if len(f) == 0 {
 		return "-"
 	}

@@ -175,6 +175,8 @@ type Policy struct {
 	OnRedisError OnRedisError
 	OnMissingKey OnMissingKey
 	Shadow       bool
+	// Cost is what one request spends: 1 unless configured.
+	Cost Cost
 	// Queue and MaxDelay shape a leaky_bucket policy: at most Queue
 	// requests wait for their slot (-1: as many as MaxDelay allows), none
 	// longer than MaxDelay. Zero for other algorithms.

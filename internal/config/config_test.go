@@ -183,3 +183,28 @@ func TestAliasExpansionIsBounded(t *testing.T) {
 		t.Fatalf("%d error lines; at most %d are kept", n, maxErrors+1)
 	}
 }
+
+func TestCostShapes(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want Cost
+	}{
+		{"", Cost{Units: 1}},
+		{"cost: 0", Cost{Units: 0}},
+		{"cost: 10", Cost{Units: 10}},
+		{"cost: {header: X-Cost}", Cost{Units: 1, From: CostHeader, Name: "x-cost"}},
+		{"cost: {claim: units, default: 3}", Cost{Units: 3, From: CostClaim, Name: "units"}},
+		{"cost: {metadata: {namespace: envoy.filters.http.lua, key: cost}}", Cost{Units: 1, From: CostMetadata, Name: "cost", Namespace: "envoy.filters.http.lua"}},
+	} {
+		c, err := Parse([]byte("policies:\n  - {name: a, limit: 10, window: 1s}\n"), "t")
+		if tc.yaml != "" {
+			c, err = Parse([]byte("policies:\n  - name: a\n    limit: 10\n    window: 1s\n    "+tc.yaml+"\n"), "t")
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.yaml, err)
+		}
+		if got := c.Policies[0].Cost; got != tc.want {
+			t.Fatalf("%s: cost = %+v, want %+v", tc.yaml, got, tc.want)
+		}
+	}
+}

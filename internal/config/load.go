@@ -123,6 +123,7 @@ type rawPolicy struct {
 	OnRedisError string   `yaml:"on_redis_error"`
 	OnMissingKey string   `yaml:"on_missing_key"`
 	Shadow       bool     `yaml:"shadow"`
+	Cost         rawCost  `yaml:"cost"`
 }
 
 type rawMatch struct {

@@ -379,6 +379,7 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		}
 	}
 	validateAlgorithm(r, path, &p, c, errs)
+	validateCost(&r.Cost, path+".cost", &p, c, errs)
 
 	if r.Mode != "" {
 		m, ok := parseMode(r.Mode)

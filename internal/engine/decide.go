@@ -44,7 +44,7 @@ type Taken struct {
 	Policy   *Policy
 	Key      string // the partition key
 	Limit    Limit  // the limit that applied (the caller's plan's, for limit: plan)
-	Units    int64  // the units asked for: the request's cost, 1 for a request
+	Units    int64  // the units asked for: the request's cost (1 unless configured; 0 asks without spending)
 	OK       bool   // allowed (for a shadow policy: would have been)
 	Decision quota.Decision
 }
@@ -57,7 +57,9 @@ type Verdict struct {
 	// CredHeader is the header the API key came in ("" when none): the
 	// door strips it when clients.strip is set.
 	CredHeader string
-	// Detail is the problem detail of a 401 or a 500.
+	// Detail is the problem detail of a 401 or a 500, and of a 429 for a
+	// request costing more than a policy admits at once ("" for other
+	// 429s: the detail says when to retry).
 	Detail string
 	// Takes are the matching policies' decisions, in configuration order.
 	Takes []Taken
@@ -85,8 +87,10 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 		return nil
 	}
 
-	// 2. Find the policies that apply and their partition keys. Keys are
-	// built before any quota is taken, so a rejection needs no refunds.
+	// 2. Find the policies that apply, their partition keys and what the
+	// request costs under each. All are known before any quota is taken,
+	// so a rejection needs no refunds.
+	neverFits := false
 	for _, p := range e.policies {
 		if !p.matches(req) {
 			continue
@@ -101,13 +105,31 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 			v.Outcome, v.Detail, v.Takes = Unauthorized, missingDetail(p), v.Takes[:0]
 			return nil
 		}
-		v.Takes = append(v.Takes, Taken{Policy: p, Key: key, Limit: p.limitFor(caller), Units: 1})
+		l := p.limitFor(caller)
+		units := e.units(ctx, p, req)
+		if units > l.MaxCost && !p.Shadow {
+			neverFits = true
+		}
+		v.Takes = append(v.Takes, Taken{Policy: p, Key: key, Limit: l, Units: units})
 	}
 
-	// 3. Ask every policy for one unit.
+	// A request costing more than an enforcing policy can ever grant is
+	// denied before any limiter is asked: nothing is taken, nothing to
+	// refund.
+	if neverFits {
+		e.denyTooCostly(v)
+		return nil
+	}
+
+	// 3. Ask every policy for the request's cost.
 	denied := false
 	for i := range v.Takes {
 		t := &v.Takes[i]
+		if t.Units > t.Limit.MaxCost { // a shadow policy's: it would have denied
+			t.Decision = tooCostly(t.Limit)
+			t.Policy.shadowDenied.Inc()
+			continue
+		}
 		d, err := t.Policy.limiter.Take(ctx, t.Key, t.Limit.Limit, t.Units, now)
 		if err != nil {
 			e.refund(ctx, v.Takes[:i], now)
@@ -146,11 +168,34 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 	return nil
 }
 
+// denyTooCostly denies a request that costs more than an enforcing policy
+// can ever grant, asking no limiter: those policies deny (shadow ones
+// would have), the others are left unasked, as allowed with nothing taken.
+func (e *Engine) denyTooCostly(v *Verdict) {
+	for i := range v.Takes {
+		t := &v.Takes[i]
+		if t.Units <= t.Limit.MaxCost {
+			t.OK = true
+			continue
+		}
+		t.Decision = tooCostly(t.Limit)
+		if t.Policy.Shadow {
+			t.Policy.shadowDenied.Inc()
+			continue
+		}
+		t.Policy.denied.Inc()
+		if v.Detail == "" {
+			v.Detail = costDetail(t)
+		}
+	}
+	v.Outcome = OverLimit
+}
+
 // refund gives back the units that allowed policies took.
 func (e *Engine) refund(ctx context.Context, takes []Taken, now time.Time) {
 	for i := range takes {
 		t := &takes[i]
-		if t.OK {
+		if t.OK && t.Units > 0 {
 			_ = t.Policy.limiter.Refund(ctx, t.Key, t.Limit.Limit, t.Units, now)
 			t.Policy.refunded.Inc()
 		}

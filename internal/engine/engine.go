@@ -61,6 +61,7 @@ type Policy struct {
 	plans   map[string]Limit // UsePlan: by plan name; "" holds plans.default
 	prefix  string           // partition key prefix: the escaped name
 	counters
+	costReader *costReader // nil for a constant cost
 }
 
 // Limit is a quota.Limit with its RateLimit-Policy header value rendered
@@ -69,6 +70,9 @@ type Limit struct {
 	quota.Limit
 	Header string // `"orders";q=100;w=60`
 	Index  int    // 0..Engine.LimitCount()-1, for a door's per-limit values
+	// MaxCost is the most units one request may take: a token bucket's
+	// capacity, else the limit.
+	MaxCost int64
 }
 
 // Option configures an Engine.
@@ -113,6 +117,9 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 			prefix:   string(appendEscaped(nil, pc.Name)),
 			counters: m.forPolicy(pc.Name, string(pc.Mode)),
 		}
+		if pc.Cost.From != config.CostConstant {
+			p.costReader = m.forCost(pc.Name)
+		}
 		if pc.UsePlan {
 			p.plans = make(map[string]Limit, len(cfg.Plans)+1)
 			for _, name := range sortedPlans(cfg.Plans) {
@@ -147,6 +154,7 @@ func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst 
 		Header: policyHeader(p.Name, n, window),
 		Index:  e.limits,
 	}
+	l.MaxCost = maxCost(l.Limit)
 	e.limits++
 	return l
 }

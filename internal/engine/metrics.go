@@ -23,6 +23,9 @@ type Metrics struct {
 	CheckDuration *prometheus.HistogramVec
 	// ConfigPolicies is the number of policies in the running configuration.
 	ConfigPolicies prometheus.Gauge
+	// CostDefaulted counts requests charged a policy's default cost because
+	// the cost they carried was missing or malformed, by policy and reason.
+	CostDefaulted *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them with reg (none when
@@ -53,9 +56,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: ns, Name: "config_policies",
 			Help: "Policies in the running configuration.",
 		}),
+		CostDefaulted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "cost_defaulted_total",
+			Help: "Requests charged a policy's default cost because the cost they carried was missing or malformed, by policy and reason (missing, malformed).",
+		}, []string{"policy", "reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Decisions, m.Degraded, m.Checks, m.CheckDuration, m.ConfigPolicies)
+		reg.MustRegister(m.Decisions, m.Degraded, m.Checks, m.CheckDuration, m.ConfigPolicies, m.CostDefaulted)
 	}
 	return m
 }

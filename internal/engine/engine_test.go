@@ -1,0 +1,226 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/quota/local"
+)
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// rig is an engine in local mode, deciding at instants the test sets.
+type rig struct {
+	t     *testing.T
+	e     *Engine
+	m     *Metrics
+	table *local.Table
+	now   time.Time
+}
+
+func newRig(t *testing.T, yaml string) *rig {
+	t.Helper()
+	cfg, err := config.Parse([]byte(yaml), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, m: NewMetrics(nil), now: t0}
+	r.table, _ = local.NewTable(1000)
+	r.e, err = Compile(cfg, Limiters{config.ModeLocal: local.New(r.table)}, r.m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (r *rig) decide(req *Request) *Verdict {
+	r.t.Helper()
+	v := &Verdict{}
+	if err := r.e.Decide(context.Background(), req, r.now, v); err != nil {
+		r.t.Fatal(err)
+	}
+	return v
+}
+
+// take returns the decision of the named policy in v.
+func take(t *testing.T, v *Verdict, policy string) *Taken {
+	t.Helper()
+	for i := range v.Takes {
+		if v.Takes[i].Policy.Name == policy {
+			return &v.Takes[i]
+		}
+	}
+	t.Fatalf("policy %s did not match; takes: %+v", policy, v.Takes)
+	return nil
+}
+
+func headers(kv ...string) map[string]string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return m
+}
+
+func jwt(claims map[string]any) *structpb.Struct {
+	s, err := structpb.NewStruct(map[string]any{"payload": claims})
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// A constant cost spends that many units, all or none, and what remains
+// says so.
+func TestConstantCost(t *testing.T) {
+	r := newRig(t, "policies:\n  - {name: search, limit: 10, window: 1m, cost: 3}\n")
+	for i, want := range []int64{7, 4, 1} {
+		v := r.decide(&Request{})
+		if v.Outcome != OK || v.Takes[0].Units != 3 || v.Takes[0].Decision.Remaining != want {
+			t.Fatalf("request %d: %v %+v, want allowed with %d remaining", i, v.Outcome, v.Takes[0], want)
+		}
+	}
+	v := r.decide(&Request{})
+	if v.Outcome != OverLimit || v.Takes[0].Decision.Remaining != 1 {
+		t.Fatalf("fourth request: %v %+v; 1 unit left cannot pay 3", v.Outcome, v.Takes[0].Decision)
+	}
+	// One unit refills every 6s: two more are due in 12s, not before.
+	if got := v.Takes[0].Decision.RetryAfter; got != 12*time.Second {
+		t.Fatalf("retry after %v, want 12s", got)
+	}
+}
+
+// A cost read per request: a header, a verified claim, Envoy metadata.
+// Missing or malformed values cost the default and are counted by reason.
+func TestCostFromRequest(t *testing.T) {
+	r := newRig(t, `
+policies:
+  - {name: h, match: {path_prefix: /h}, limit: 1000, window: 1m, cost: {header: X-Cost, default: 2}}
+  - {name: c, match: {path_prefix: /c}, limit: 1000, window: 1m, cost: {claim: units}}
+  - {name: m, match: {path_prefix: /m}, limit: 1000, window: 1m, cost: {metadata: {namespace: envoy.filters.http.lua, key: cost}, default: 5}}
+`)
+	lua := func(v any) map[string]*structpb.Struct {
+		s, _ := structpb.NewStruct(map[string]any{"cost": v})
+		return map[string]*structpb.Struct{"envoy.filters.http.lua": s}
+	}
+	for _, tc := range []struct {
+		name   string
+		req    Request
+		policy string
+		units  int64
+		reason string // counted as defaulted: "", missing or malformed
+	}{
+		{"header", Request{Path: "/h", Headers: headers("x-cost", "7")}, "h", 7, ""},
+		{"header with spaces", Request{Path: "/h", Headers: headers("x-cost", " 7 ")}, "h", 7, ""},
+		{"header zero", Request{Path: "/h", Headers: headers("x-cost", "0")}, "h", 0, ""},
+		{"header missing", Request{Path: "/h"}, "h", 2, "missing"},
+		{"header not a number", Request{Path: "/h", Headers: headers("x-cost", "seven")}, "h", 2, "malformed"},
+		{"header negative", Request{Path: "/h", Headers: headers("x-cost", "-3")}, "h", 2, "malformed"},
+		{"header fraction", Request{Path: "/h", Headers: headers("x-cost", "1.5")}, "h", 2, "malformed"},
+		{"header overflow", Request{Path: "/h", Headers: headers("x-cost", "99999999999999999999")}, "h", 2, "malformed"},
+		{"claim number", Request{Path: "/c", JWT: jwt(map[string]any{"units": 4})}, "c", 4, ""},
+		{"claim string", Request{Path: "/c", JWT: jwt(map[string]any{"units": "6"})}, "c", 6, ""},
+		{"claim fraction", Request{Path: "/c", JWT: jwt(map[string]any{"units": 2.5})}, "c", 1, "malformed"},
+		{"claim list", Request{Path: "/c", JWT: jwt(map[string]any{"units": []any{1.0}})}, "c", 1, "malformed"},
+		{"claim missing", Request{Path: "/c", JWT: jwt(map[string]any{"sub": "ada"})}, "c", 1, "missing"},
+		{"no jwt", Request{Path: "/c"}, "c", 1, "missing"},
+		{"metadata number", Request{Path: "/m", Metadata: lua(9)}, "m", 9, ""},
+		{"metadata bool", Request{Path: "/m", Metadata: lua(true)}, "m", 5, "malformed"},
+		{"metadata missing", Request{Path: "/m"}, "m", 5, "missing"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := map[string]float64{}
+			for _, reason := range costProblemNames {
+				before[reason] = testutil.ToFloat64(r.m.CostDefaulted.WithLabelValues(tc.policy, reason))
+			}
+			v := r.decide(&tc.req)
+			if tk := take(t, v, tc.policy); v.Outcome != OK || tk.Units != tc.units {
+				t.Fatalf("%v, units %d; want allowed at %d units", v.Outcome, tk.Units, tc.units)
+			}
+			for _, reason := range costProblemNames {
+				want := before[reason]
+				if reason == tc.reason {
+					want++
+				}
+				if got := testutil.ToFloat64(r.m.CostDefaulted.WithLabelValues(tc.policy, reason)); got != want {
+					t.Fatalf("cost_defaulted_total{reason=%q} = %v, want %v", reason, got, want)
+				}
+			}
+		})
+	}
+}
+
+// Cost 0 asks without spending: the answer one unit would get.
+func TestZeroCostAsksWithoutSpending(t *testing.T) {
+	r := newRig(t, "policies:\n  - {name: p, limit: 2, window: 1m, cost: {header: x-cost}}\n")
+	peek := &Request{Headers: headers("x-cost", "0")}
+	for i := 0; i < 3; i++ {
+		if v := r.decide(peek); v.Outcome != OK || v.Takes[0].Decision.Remaining != 2 {
+			t.Fatalf("peek %d: %v %+v; a question spends nothing", i, v.Outcome, v.Takes[0].Decision)
+		}
+	}
+	r.decide(&Request{Headers: headers("x-cost", "2")})
+	if v := r.decide(peek); v.Outcome != OverLimit {
+		t.Fatalf("peek at an empty bucket: %v, want denied", v.Outcome)
+	}
+}
+
+// A request costing more than a policy can ever grant at once is denied
+// with a detail that says so, without asking any limiter: no state is
+// created and the other policies are not charged.
+func TestCostAboveBurstIsDeniedUpFront(t *testing.T) {
+	r := newRig(t, `
+policies:
+  - {name: all, limit: 100, window: 1m}
+  - {name: bulk, key: ip, limit: 100, window: 1m, burst: 10, cost: {header: x-cost}}
+  - {name: audit, key: ip, limit: 5, window: 1m, shadow: true, cost: {header: x-cost}}
+`)
+	v := r.decide(&Request{Peer: "10.0.0.1", Headers: headers("x-cost", "11")})
+	if v.Outcome != OverLimit {
+		t.Fatalf("outcome %v, want over limit", v.Outcome)
+	}
+	d := v.Deny(false)
+	if d.Problem.Detail != "This request costs 11 units; policy bulk admits at most 10 at once, so it is never admitted as sent." ||
+		len(d.Problem.ViolatedPolicies) != 1 || d.Problem.ViolatedPolicies[0] != "bulk" {
+		t.Fatalf("problem = %+v", d.Problem)
+	}
+	if n := r.table.Len(); n != 0 {
+		t.Fatalf("%d keys in the table; no limiter should have been asked", n)
+	}
+	// The shadow policy would have denied too, and says so in its metrics.
+	if got := testutil.ToFloat64(r.m.Decisions.WithLabelValues("audit", "local", "shadow_denied")); got != 1 {
+		t.Fatalf("audit shadow_denied = %v, want 1", got)
+	}
+	// Within bulk's burst but above the shadow policy's limit: allowed,
+	// the shadow policy counting a would-be denial without a limiter.
+	v = r.decide(&Request{Peer: "10.0.0.1", Headers: headers("x-cost", "10")})
+	if v.Outcome != OK || take(t, v, "bulk").Decision.Remaining != 0 || take(t, v, "all").Decision.Remaining != 99 {
+		t.Fatalf("cost 10: %v %+v", v.Outcome, v.Takes)
+	}
+	if got := testutil.ToFloat64(r.m.Decisions.WithLabelValues("audit", "local", "shadow_denied")); got != 2 {
+		t.Fatalf("audit shadow_denied = %v, want 2", got)
+	}
+}
+
+// A denial refunds every unit the other policies took.
+func TestCostRefundedOnDenial(t *testing.T) {
+	r := newRig(t, `
+policies:
+  - {name: wide, limit: 100, window: 1m, cost: {header: x-cost}}
+  - {name: narrow, limit: 5, window: 1m, cost: {header: x-cost}}
+`)
+	r.decide(&Request{Headers: headers("x-cost", "4")})
+	v := r.decide(&Request{Headers: headers("x-cost", "4")})
+	if v.Outcome != OverLimit {
+		t.Fatalf("outcome %v; narrow has 1 unit left", v.Outcome)
+	}
+	v = r.decide(&Request{Headers: headers("x-cost", "0")})
+	if got := take(t, v, "wide").Decision.Remaining; got != 96 {
+		t.Fatalf("wide has %d left, want 96: the denied request's 4 units come back", got)
+	}
+}
