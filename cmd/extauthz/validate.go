@@ -83,10 +83,40 @@ func describeMatch(m config.Match) string {
 	for k, v := range m.Context {
 		parts = append(parts, k+"="+v)
 	}
+	for _, h := range m.Headers {
+		parts = append(parts, describeValueMatch("header:"+h.Name, h))
+	}
+	for _, c := range m.Claims {
+		parts = append(parts, describeValueMatch("claim:"+c.Name, c))
+	}
+	if len(m.SourceCIDRs) > 0 {
+		nets := make([]string, len(m.SourceCIDRs))
+		for i, p := range m.SourceCIDRs {
+			nets[i] = p.String()
+		}
+		parts = append(parts, "from "+strings.Join(nets, ","))
+	}
+	if m.Not != nil {
+		parts = append(parts, "not("+describeMatch(*m.Not)+")")
+	}
 	if len(parts) == 0 {
 		return "every request"
 	}
 	return strings.Join(parts, " ")
+}
+
+func describeValueMatch(what string, vm config.ValueMatch) string {
+	switch vm.Kind {
+	case config.MatchPresent:
+		return what + " present"
+	case config.MatchAbsent:
+		return what + " absent"
+	case config.MatchPrefix:
+		return what + "=" + vm.Value + "*"
+	case config.MatchRegex:
+		return what + "~/" + vm.Value + "/"
+	}
+	return what + "=" + vm.Value
 }
 
 func describeKey(k []config.KeyPart) string {
@@ -101,13 +131,24 @@ func describeKey(k []config.KeyPart) string {
 }
 
 func describeLimit(cfg *config.Config, p config.Policy) string {
+	if p.Unlimited {
+		return "unlimited"
+	}
 	if p.UsePlan {
 		names := make([]string, 0, len(cfg.Plans))
 		for name, plan := range cfg.Plans {
+			if plan.Unlimited {
+				names = append(names, name+" unlimited")
+				continue
+			}
 			names = append(names, fmt.Sprintf("%s %d/%s", name, plan.Limit, plan.Window))
 		}
 		sort.Strings(names)
-		return "plan (" + strings.Join(names, ", ") + ")"
+		from := "plan"
+		if p.PlanFrom.Kind != "" {
+			from = "plan from " + p.PlanFrom.String()
+		}
+		return from + " (" + strings.Join(names, ", ") + ")"
 	}
 	s := fmt.Sprintf("%d/%s", p.Limit, p.Window)
 	if p.Burst != 0 && p.Burst != p.Limit {

@@ -6,7 +6,10 @@
 // every field is checked and defaulted, ready to compile.
 package config
 
-import "time"
+import (
+	"net/netip"
+	"time"
+)
 
 // Mode says where a policy's counts live.
 type Mode string
@@ -157,6 +160,9 @@ type Plan struct {
 	Limit  int64
 	Window time.Duration
 	Burst  int64 // 0: Limit
+	// Unlimited plans never deny and keep no count; Limit, Window and
+	// Burst are then zero.
+	Unlimited bool
 }
 
 // Policy is one rate limit and the requests it applies to.
@@ -166,7 +172,12 @@ type Policy struct {
 	Key   []KeyPart // empty: one bucket shared by every matching request
 	// UsePlan takes Limit, Window and Burst from the caller's plan; the
 	// fields below are then zero.
-	UsePlan      bool
+	UsePlan bool
+	// PlanFrom names the plan with a verified claim or a header a trusted
+	// filter sets (Kind KeyClaim or KeyHeader), before the API key's
+	// plan; zero: the API key's plan. A name not under plans is
+	// plans.default's.
+	PlanFrom     KeyPart
 	Limit        int64
 	Window       time.Duration
 	Burst        int64
@@ -175,6 +186,9 @@ type Policy struct {
 	OnRedisError OnRedisError
 	OnMissingKey OnMissingKey
 	Shadow       bool
+	// Unlimited policies never deny and keep no count: their decisions are
+	// counted in metrics only (for trusted networks and clients).
+	Unlimited bool
 	// Cost is what one request spends: 1 unless configured.
 	Cost Cost
 	// Queue and MaxDelay shape a leaky_bucket policy: at most Queue
@@ -187,10 +201,16 @@ type Policy struct {
 // Match selects requests. Every non-empty field must match; a Match with no
 // fields matches every request.
 type Match struct {
-	PathPrefix string
-	Methods    []string // upper case
-	Hosts      []string // lower case; "*.example.com" matches subdomains
-	Context    map[string]string
+	PathPrefix  string
+	Methods     []string // upper case
+	Hosts       []string // lower case; "*.example.com" matches subdomains
+	Context     map[string]string
+	Headers     []ValueMatch   // every one holds for the request's headers
+	Claims      []ValueMatch   // every one holds for the verified JWT claims
+	SourceCIDRs []netip.Prefix // the client address is in one of them (see ip_trusted_hops)
+	// Not, when set, must not match: `not: {source_cidrs: [10.0.0.0/8]}`
+	// excludes the internal network.
+	Not *Match
 }
 
 // KeyPart is one component of a partition key.

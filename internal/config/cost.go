@@ -96,6 +96,10 @@ func validateCost(r *rawCost, path string, p *Policy, c *Config, errs *Errors) {
 	if !r.Set {
 		return
 	}
+	if p.Unlimited {
+		errs.add(path, "an unlimited policy counts requests, not units; remove it")
+		return
+	}
 	field := path
 	if r.Constant != nil {
 		p.Cost.Units = *r.Constant
@@ -147,6 +151,9 @@ func validateCost(r *rawCost, path string, p *Policy, c *Config, errs *Errors) {
 	}
 	for _, name := range sortedKeys(c.Plans) {
 		plan := c.Plans[name]
+		if plan.Unlimited {
+			continue
+		}
 		if most, what := maxCostOf(p.Algorithm, plan.Limit, plan.Burst); p.Cost.Units > most {
 			errs.add(field, "%d is more than one request may take under plans.%s: its %s is %d", p.Cost.Units, name, what, most)
 		}

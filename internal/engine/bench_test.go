@@ -55,7 +55,7 @@ func BenchmarkMatch(b *testing.B) {
 	n := 0
 	for b.Loop() {
 		for _, p := range e.policies {
-			if p.matches(r) {
+			if p.matches(r, 0) {
 				n++
 			}
 		}

@@ -92,7 +92,7 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 	// so a rejection needs no refunds.
 	neverFits := false
 	for _, p := range e.policies {
-		if !p.matches(req) {
+		if !p.matches(req, e.cfg.IPTrustedHops) {
 			continue
 		}
 		if len(v.Takes) == MaxPoliciesPerRequest {
@@ -105,7 +105,7 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 			v.Outcome, v.Detail, v.Takes = Unauthorized, missingDetail(p), v.Takes[:0]
 			return nil
 		}
-		l := p.limitFor(caller)
+		l := p.limitFor(req, caller)
 		units := e.units(ctx, p, req)
 		if units > l.MaxCost && !p.Shadow {
 			neverFits = true
@@ -125,6 +125,11 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 	denied := false
 	for i := range v.Takes {
 		t := &v.Takes[i]
+		if t.Limit.Unlimited {
+			t.Decision, t.OK = quota.Decision{Allowed: true}, true
+			t.Policy.unlimited.Inc()
+			continue
+		}
 		if t.Units > t.Limit.MaxCost { // a shadow policy's: it would have denied
 			t.Decision = tooCostly(t.Limit)
 			t.Policy.shadowDenied.Inc()
@@ -174,7 +179,7 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 func (e *Engine) denyTooCostly(v *Verdict) {
 	for i := range v.Takes {
 		t := &v.Takes[i]
-		if t.Units <= t.Limit.MaxCost {
+		if t.Units <= t.Limit.MaxCost { // unlimited limits included
 			t.OK = true
 			continue
 		}
@@ -195,7 +200,7 @@ func (e *Engine) denyTooCostly(v *Verdict) {
 func (e *Engine) refund(ctx context.Context, takes []Taken, now time.Time) {
 	for i := range takes {
 		t := &takes[i]
-		if t.OK && t.Units > 0 {
+		if t.OK && t.Units > 0 && !t.Limit.Unlimited {
 			_ = t.Policy.limiter.Refund(ctx, t.Key, t.Limit.Limit, t.Units, now)
 			t.Policy.refunded.Inc()
 		}
@@ -255,8 +260,8 @@ func (v *Verdict) Tightest() *Taken {
 	var tightest *Taken
 	for i := range v.Takes {
 		t := &v.Takes[i]
-		if t.Policy.Shadow {
-			continue // shadow policies observe; clients never see them
+		if t.Policy.Shadow || t.Limit.Unlimited {
+			continue // shadow policies observe, unlimited ones count; clients never see them
 		}
 		if tightest == nil || t.Decision.Remaining < tightest.Decision.Remaining ||
 			(t.Decision.Remaining == tightest.Decision.Remaining && t.Decision.ResetAfter > tightest.Decision.ResetAfter) {

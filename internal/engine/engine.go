@@ -16,8 +16,11 @@ package engine
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/identity"
@@ -61,7 +64,11 @@ type Policy struct {
 	plans   map[string]Limit // UsePlan: by plan name; "" holds plans.default
 	prefix  string           // partition key prefix: the escaped name
 	counters
-	costReader *costReader // nil for a constant cost
+	costReader *costReader        // nil for a constant cost
+	unlimited  prometheus.Counter // decisions of unlimited limits; nil when the policy has none
+	// unknownPlan counts plan_from names that are not plans; nil
+	// without plan_from.
+	unknownPlan prometheus.Counter
 }
 
 // Limit is a quota.Limit with its RateLimit-Policy header value rendered
@@ -73,6 +80,10 @@ type Limit struct {
 	// MaxCost is the most units one request may take: a token bucket's
 	// capacity, else the limit.
 	MaxCost int64
+	// Unlimited never denies and keeps no count (an unlimited policy or
+	// plan): the decision is made without a limiter and counted in
+	// metrics only.
+	Unlimited bool
 }
 
 // Option configures an Engine.
@@ -120,17 +131,29 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 		if pc.Cost.From != config.CostConstant {
 			p.costReader = m.forCost(pc.Name)
 		}
-		if pc.UsePlan {
+		if pc.PlanFrom.Kind != "" {
+			p.unknownPlan = m.UnknownPlans.WithLabelValues(pc.Name)
+		}
+		if pc.Unlimited || (pc.UsePlan && anyUnlimited(cfg.Plans)) {
+			p.unlimited = m.Decisions.WithLabelValues(pc.Name, string(pc.Mode), "unlimited")
+		}
+		switch {
+		case pc.Unlimited:
+			p.fixed = e.newUnlimited(pc)
+		case pc.UsePlan:
 			p.plans = make(map[string]Limit, len(cfg.Plans)+1)
 			for _, name := range sortedPlans(cfg.Plans) {
 				plan := cfg.Plans[name]
 				l := e.newLimit(pc, plan.Limit, plan.Window, plan.Burst)
+				if plan.Unlimited {
+					l = e.newUnlimited(pc)
+				}
 				p.plans[name] = l
 				if name == config.DefaultPlan {
 					p.plans[""] = l
 				}
 			}
-		} else {
+		default:
 			p.fixed = e.newLimit(pc, pc.Limit, pc.Window, pc.Burst)
 		}
 		e.policies = append(e.policies, p)
@@ -157,6 +180,24 @@ func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst 
 	l.MaxCost = maxCost(l.Limit)
 	e.limits++
 	return l
+}
+
+// newUnlimited is the limit of an unlimited policy or plan of p, numbered
+// like the others. It has no header: an unlimited decision is not
+// described to clients.
+func (e *Engine) newUnlimited(config.Policy) Limit {
+	l := Limit{Index: e.limits, MaxCost: math.MaxInt64, Unlimited: true}
+	e.limits++
+	return l
+}
+
+func anyUnlimited(plans map[string]config.Plan) bool {
+	for _, p := range plans {
+		if p.Unlimited {
+			return true
+		}
+	}
+	return false
 }
 
 // The configuration's names for the quota values, translated at compile
@@ -203,10 +244,28 @@ func (p *Policy) Limits() []Limit {
 	return out
 }
 
-// limitFor returns the limit that applies to client c under p.
-func (p *Policy) limitFor(c *Client) Limit {
+// limitFor returns the limit that applies to request a from client c
+// under p: the policy's own, or the plan named by plan_from, else by the
+// client's API key, else plans.default. A plan_from name that is not a
+// plan is counted and gets plans.default.
+func (p *Policy) limitFor(a *Request, c *Client) Limit {
 	if !p.UsePlan {
 		return p.fixed
+	}
+	if p.PlanFrom.Kind != "" {
+		var name string
+		if p.PlanFrom.Kind == config.KeyHeader {
+			name = a.Headers[p.PlanFrom.Name]
+		} else {
+			name, _ = a.claim(p.PlanFrom.Name)
+		}
+		if name != "" {
+			if l, ok := p.plans[name]; ok {
+				return l
+			}
+			p.unknownPlan.Inc()
+			return p.plans[""]
+		}
 	}
 	if c != nil && c.Plan != "" {
 		if l, ok := p.plans[c.Plan]; ok {

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -222,5 +223,147 @@ policies:
 	v = r.decide(&Request{Headers: headers("x-cost", "0")})
 	if got := take(t, v, "wide").Decision.Remaining; got != 96 {
 		t.Fatalf("wide has %d left, want 96: the denied request's 4 units come back", got)
+	}
+}
+
+// Every kind of condition, alone and combined with not.
+func TestRicherMatching(t *testing.T) {
+	r := newRig(t, `
+ip_trusted_hops: 1
+policies:
+  - name: env
+    match: {headers: [{name: X-Env, exact: prod}, {name: user-agent, prefix: "curl/"}, {name: x-debug, absent: true}]}
+    limit: 10
+    window: 1m
+  - name: beta
+    match: {headers: [{name: x-beta, present: true}, {name: x-build, regex: "[0-9]+\\.[0-9]+"}]}
+    limit: 10
+    window: 1m
+  - name: gold
+    match: {claims: [{name: tier, exact: gold}, {name: scope, prefix: "orders:"}]}
+    limit: 10
+    window: 1m
+  - name: outside
+    match: {path_prefix: /api, not: {source_cidrs: [10.0.0.0/8, "2001:db8::/32", 192.168.1.7]}}
+    limit: 10
+    window: 1m
+`)
+	gold := jwt(map[string]any{"tier": "gold", "scope": "orders:write"})
+	for _, tc := range []struct {
+		name string
+		req  Request
+		want []string
+	}{
+		{"nothing", Request{Path: "/", Peer: "10.0.0.1"}, nil},
+		{"env", Request{Headers: headers("x-env", "prod", "user-agent", "curl/8.0")}, []string{"env"}},
+		{"env with debug", Request{Headers: headers("x-env", "prod", "user-agent", "curl/8.0", "x-debug", "")}, nil},
+		{"env wrong agent", Request{Headers: headers("x-env", "prod", "user-agent", "wget")}, nil},
+		{"env staging", Request{Headers: headers("x-env", "staging", "user-agent", "curl/8.0")}, nil},
+		{"beta", Request{Headers: headers("x-beta", "", "x-build", "12.3")}, []string{"beta"}},
+		{"beta partial regex", Request{Headers: headers("x-beta", "", "x-build", "v12.3")}, nil},
+		{"gold", Request{JWT: gold}, []string{"gold"}},
+		{"silver", Request{JWT: jwt(map[string]any{"tier": "silver", "scope": "orders:write"})}, nil},
+		{"outside", Request{Path: "/api/x", Peer: "203.0.113.9"}, []string{"outside"}},
+		{"inside", Request{Path: "/api/x", Peer: "10.9.8.7"}, nil},
+		{"inside v6", Request{Path: "/api/x", Peer: "2001:db8::1"}, nil},
+		{"inside v4 in v6", Request{Path: "/api/x", Peer: "::ffff:10.1.1.1"}, nil},
+		{"one address", Request{Path: "/api/x", Peer: "192.168.1.7"}, nil},
+		{"its neighbour", Request{Path: "/api/x", Peer: "192.168.1.8"}, []string{"outside"}},
+		// The client address behind one trusted proxy, as the ip key reads it.
+		{"forwarded inside", Request{Path: "/api/x", Peer: "203.0.113.9", Headers: headers("x-forwarded-for", "10.0.0.5")}, nil},
+		{"forwarded outside", Request{Path: "/api/x", Peer: "10.0.0.5", Headers: headers("x-forwarded-for", "198.51.100.1")}, []string{"outside"}},
+		{"no address", Request{Path: "/api/x"}, []string{"outside"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, tk := range r.decide(&tc.req).Takes {
+				got = append(got, tk.Policy.Name)
+			}
+			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Fatalf("matched %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Unlimited policies and plans never deny, keep no count, and are counted
+// in metrics; clients see the headers of the policies that do limit.
+func TestUnlimited(t *testing.T) {
+	r := newRig(t, `
+clients:
+  keys:
+    - {id: ops, key: key-ops, plan: internal}
+    - {id: ada, key: key-ada}
+plans:
+  internal: {unlimited: true}
+  default: {limit: 2, window: 1m}
+policies:
+  - {name: office, match: {source_cidrs: [10.0.0.0/8]}, unlimited: true}
+  - {name: per-plan, key: [client], limit: plan}
+`)
+	for i := 0; i < 5; i++ {
+		v := r.decide(&Request{Peer: "10.0.0.1", Headers: headers("x-api-key", "key-ops")})
+		if v.Outcome != OK || len(v.Takes) != 2 || v.Tightest() != nil {
+			t.Fatalf("ops %d: %v %+v; unlimited decisions are allowed and not described", i, v.Outcome, v.Takes)
+		}
+	}
+	if n := r.table.Len(); n != 0 {
+		t.Fatalf("%d keys counted; unlimited decisions keep no state", n)
+	}
+	if got := testutil.ToFloat64(r.m.Decisions.WithLabelValues("office", "local", "unlimited")); got != 5 {
+		t.Fatalf("office unlimited decisions = %v, want 5", got)
+	}
+	if got := testutil.ToFloat64(r.m.Decisions.WithLabelValues("per-plan", "local", "unlimited")); got != 5 {
+		t.Fatalf("per-plan unlimited decisions = %v, want 5", got)
+	}
+	// Ada's plan is plans.default: two, then denied; the office policy
+	// still matches her and never denies.
+	for i, want := range []Outcome{OK, OK, OverLimit} {
+		v := r.decide(&Request{Peer: "10.0.0.2", Headers: headers("x-api-key", "key-ada")})
+		if v.Outcome != want {
+			t.Fatalf("ada %d: %v, want %v", i, v.Outcome, want)
+		}
+		if want == OK && v.Tightest().Policy.Name != "per-plan" {
+			t.Fatalf("ada %d: headers describe %s, want per-plan", i, v.Tightest().Policy.Name)
+		}
+	}
+}
+
+// plan_from picks the plan by a verified claim or a trusted header, before
+// the API key's plan; an unknown name gets plans.default and is counted.
+func TestPlanFrom(t *testing.T) {
+	r := newRig(t, `
+clients:
+  keys: [{id: ada, key: key-ada, plan: gold}]
+plans:
+  gold: {limit: 5, window: 1m}
+  silver: {limit: 3, window: 1m}
+  default: {limit: 1, window: 1m}
+policies:
+  - {name: by-claim, match: {path_prefix: /c}, key: ["claim:sub"], limit: plan, plan_from: "claim:plan"}
+  - {name: by-header, match: {path_prefix: /h}, key: [client], limit: plan, plan_from: "header:x-plan"}
+`)
+	for _, tc := range []struct {
+		name, policy string
+		req          Request
+		limit        int64
+		unknown      float64
+	}{
+		{"claim", "by-claim", Request{Path: "/c", JWT: jwt(map[string]any{"sub": "u1", "plan": "silver"})}, 3, 0},
+		{"claim unknown", "by-claim", Request{Path: "/c", JWT: jwt(map[string]any{"sub": "u2", "plan": "platinum"})}, 1, 1},
+		{"no claim", "by-claim", Request{Path: "/c", JWT: jwt(map[string]any{"sub": "u3"})}, 1, 1},
+		{"header over the key's plan", "by-header", Request{Path: "/h", Headers: headers("x-api-key", "key-ada", "x-plan", "silver")}, 3, 0},
+		{"no header: the key's plan", "by-header", Request{Path: "/h", Headers: headers("x-api-key", "key-ada")}, 5, 0},
+		{"header unknown", "by-header", Request{Path: "/h", Headers: headers("x-api-key", "key-ada", "x-plan", "gold ")}, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := r.decide(&tc.req)
+			if got := take(t, v, tc.policy).Limit.Limit.Limit; got != tc.limit {
+				t.Fatalf("limit %d, want %d", got, tc.limit)
+			}
+			if got := testutil.ToFloat64(r.m.UnknownPlans.WithLabelValues(tc.policy)); got != tc.unknown {
+				t.Fatalf("unknown_plans_total = %v, want %v", got, tc.unknown)
+			}
+		})
 	}
 }

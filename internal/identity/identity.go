@@ -78,12 +78,35 @@ func ClientIP(peer, xff string, hops int) string {
 	return canonicalIP(peer)
 }
 
+// ClientAddr is ClientIP as an address, for matching against networks
+// without formatting it; false when no address is known.
+func ClientAddr(peer, xff string, hops int) (netip.Addr, bool) {
+	if hops > 0 && xff != "" {
+		if e, ok := nthEntry(xff, hops); ok {
+			if a, ok := parseAddr(e); ok {
+				return a, true
+			}
+		}
+	}
+	return parseAddr(peer)
+}
+
 func nthFromRight(xff string, n int) (string, bool) {
+	e, ok := nthEntry(xff, n)
+	if !ok {
+		return "", false
+	}
+	return parseIP(e)
+}
+
+// nthEntry returns the x-forwarded-for entry n places from the right,
+// trimmed.
+func nthEntry(xff string, n int) (string, bool) {
 	end := len(xff)
 	for i := 1; ; i++ {
 		start := strings.LastIndexByte(xff[:end], ',') + 1
 		if i == n {
-			return parseIP(strings.TrimSpace(xff[start:end]))
+			return strings.TrimSpace(xff[start:end]), true
 		}
 		if start == 0 {
 			return "", false
@@ -98,17 +121,27 @@ func canonicalIP(s string) string {
 }
 
 func parseIP(s string) (string, bool) {
-	if s == "" {
+	a, ok := parseAddr(s)
+	if !ok {
 		return "", false
+	}
+	return a.String(), true
+}
+
+// parseAddr reads an address, with or without a port, unmapping IPv4 in
+// IPv6 and dropping any zone.
+func parseAddr(s string) (netip.Addr, bool) {
+	if s == "" {
+		return netip.Addr{}, false
 	}
 	a, err := netip.ParseAddr(s)
 	if err != nil {
 		// x-forwarded-for entries sometimes carry a port.
 		ap, err2 := netip.ParseAddrPort(s)
 		if err2 != nil {
-			return "", false
+			return netip.Addr{}, false
 		}
 		a = ap.Addr()
 	}
-	return a.Unmap().WithZone("").String(), true
+	return a.Unmap().WithZone(""), true
 }
