@@ -141,14 +141,24 @@ func describeLimit(cfg *config.Config, p config.Policy) string {
 				names = append(names, name+" unlimited")
 				continue
 			}
+			if p.Calendar {
+				names = append(names, fmt.Sprintf("%s %d per %s", name, plan.Limit, calendarNames[plan.Period]))
+				continue
+			}
 			names = append(names, fmt.Sprintf("%s %d/%s", name, plan.Limit, plan.Window))
 		}
 		sort.Strings(names)
+		if p.Calendar {
+			names = append(names, "calendar "+p.TimeZone.String())
+		}
 		from := "plan"
 		if p.PlanFrom.Kind != "" {
 			from = "plan from " + p.PlanFrom.String()
 		}
 		return from + " (" + strings.Join(names, ", ") + ")"
+	}
+	if p.Calendar {
+		return fmt.Sprintf("%d per calendar %s (%s)", p.Limit, calendarNames[p.Period], p.TimeZone)
 	}
 	s := fmt.Sprintf("%d/%s", p.Limit, p.Window)
 	if p.Burst != 0 && p.Burst != p.Limit {
@@ -161,6 +171,10 @@ func describeLimit(cfg *config.Config, p config.Policy) string {
 		}
 	}
 	return s
+}
+
+var calendarNames = map[config.Period]string{
+	config.PeriodDay: "day", config.PeriodWeek: "week", config.PeriodMonth: "month", config.PeriodYear: "year",
 }
 
 func describeFlags(p config.Policy) string {

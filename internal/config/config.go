@@ -159,6 +159,9 @@ type Client struct {
 type Plan struct {
 	Limit  int64
 	Window time.Duration
+	// Period is the calendar window the plan's window names (1d, 1w, 1mo,
+	// 1y), for policies with calendar: true; "" for a duration.
+	Period Period
 	Burst  int64 // 0: Limit
 	// Unlimited plans never deny and keep no count; Limit, Window and
 	// Burst are then zero.
@@ -186,6 +189,12 @@ type Policy struct {
 	OnRedisError OnRedisError
 	OnMissingKey OnMissingKey
 	Shadow       bool
+	// Calendar aligns the windows to the calendar of TimeZone: Period
+	// names the window (Window is its nominal length) and Algorithm is
+	// fixed_window.
+	Calendar bool
+	Period   Period
+	TimeZone *time.Location // UTC unless time_zone is given
 	// Unlimited policies never deny and keep no count: their decisions are
 	// counted in metrics only (for trusted networks and clients).
 	Unlimited bool

@@ -208,3 +208,28 @@ func TestCostShapes(t *testing.T) {
 		}
 	}
 }
+
+func TestCalendarWindows(t *testing.T) {
+	c, err := Parse([]byte(`
+plans:
+  free: {limit: 1000, window: 1mo}
+  default: {limit: 100, window: 1d}
+policies:
+  - {name: monthly, limit: 5000, window: 1mo, calendar: true, time_zone: Europe/Paris}
+  - {name: daily, limit: plan, calendar: true}
+  - {name: rolling, limit: 10, window: 1d}
+`), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, d, r := c.Policies[0], c.Policies[1], c.Policies[2]
+	if !m.Calendar || m.Period != PeriodMonth || m.Window != 30*24*time.Hour || m.Algorithm != FixedWindow || m.TimeZone.String() != "Europe/Paris" {
+		t.Fatalf("monthly = %+v", m)
+	}
+	if !d.Calendar || d.TimeZone != time.UTC || d.Algorithm != FixedWindow || c.Plans["free"].Period != PeriodMonth || c.Plans["default"].Period != PeriodDay {
+		t.Fatalf("daily = %+v, plans %+v", d, c.Plans)
+	}
+	if r.Calendar || r.Period != "" || r.Window != 24*time.Hour || r.Algorithm != TokenBucket {
+		t.Fatalf("rolling = %+v", r)
+	}
+}

@@ -127,6 +127,8 @@ type rawPolicy struct {
 	Cost         rawCost  `yaml:"cost"`
 	Unlimited    bool     `yaml:"unlimited"`
 	PlanFrom     string   `yaml:"plan_from"`
+	Calendar     bool     `yaml:"calendar"`
+	TimeZone     string   `yaml:"time_zone"`
 }
 
 type rawMatch struct {

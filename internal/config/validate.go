@@ -237,7 +237,7 @@ func validatePlan(r rawPlan, path string, errs *Errors) Plan {
 	if r.Window == "" {
 		errs.add(path+".window", "is required")
 	} else {
-		windowField(r.Window, path+".window", &p.Window, errs)
+		p.Window, p.Period = parseWindow(r.Window, path+".window", errs)
 	}
 	burstField(r.Burst, path+".burst", errs)
 	return p
@@ -368,7 +368,7 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		if r.Window == "" {
 			errs.add(path+".window", "is required")
 		} else {
-			windowField(r.Window, path+".window", &p.Window, errs)
+			p.Window, p.Period = parseWindow(r.Window, path+".window", errs)
 		}
 	}
 	burstField(r.Burst, path+".burst", errs)
@@ -384,6 +384,7 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 			errs.add(path+".algorithm", "%q is not an algorithm; choices are %s", r.Algorithm, strings.Join(names, ", "))
 		}
 	}
+	validateCalendar(r, path, &p, c, errs)
 	if p.Algorithm != TokenBucket {
 		if r.Burst != 0 {
 			errs.add(path+".burst", "applies to token_bucket only, not %s", p.Algorithm)

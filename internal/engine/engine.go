@@ -137,6 +137,7 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 		if pc.Unlimited || (pc.UsePlan && anyUnlimited(cfg.Plans)) {
 			p.unlimited = m.Decisions.WithLabelValues(pc.Name, string(pc.Mode), "unlimited")
 		}
+		cals := calendars{}
 		switch {
 		case pc.Unlimited:
 			p.fixed = e.newUnlimited(pc)
@@ -144,7 +145,7 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 			p.plans = make(map[string]Limit, len(cfg.Plans)+1)
 			for _, name := range sortedPlans(cfg.Plans) {
 				plan := cfg.Plans[name]
-				l := e.newLimit(pc, plan.Limit, plan.Window, plan.Burst)
+				l := e.newLimit(pc, plan.Limit, plan.Window, plan.Burst, cals.of(pc, plan.Period))
 				if plan.Unlimited {
 					l = e.newUnlimited(pc)
 				}
@@ -154,7 +155,7 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 				}
 			}
 		default:
-			p.fixed = e.newLimit(pc, pc.Limit, pc.Window, pc.Burst)
+			p.fixed = e.newLimit(pc, pc.Limit, pc.Window, pc.Burst, cals.of(pc, pc.Period))
 		}
 		e.policies = append(e.policies, p)
 	}
@@ -162,8 +163,27 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 	return e, nil
 }
 
-// newLimit compiles one limit of policy p and numbers it.
-func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst int64) Limit {
+// calendars holds a policy's calendars, one per period, so every limit of
+// that period shares one cache of window bounds.
+type calendars map[config.Period]*quota.Calendar
+
+// of returns the calendar of period under p; nil unless p is a calendar
+// policy.
+func (c calendars) of(p config.Policy, period config.Period) *quota.Calendar {
+	if !p.Calendar || period == "" {
+		return nil
+	}
+	if cal, ok := c[period]; ok {
+		return cal
+	}
+	cal := quota.NewCalendar(periods[period], p.TimeZone)
+	c[period] = cal
+	return cal
+}
+
+// newLimit compiles one limit of policy p and numbers it; cal aligns a
+// calendar policy's windows.
+func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst int64, cal *quota.Calendar) Limit {
 	l := Limit{
 		Limit: quota.Limit{
 			Algorithm: algorithms[p.Algorithm],
@@ -173,6 +193,7 @@ func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst 
 			OnError:   onErrors[p.OnRedisError],
 			Queue:     p.Queue,
 			MaxDelay:  p.MaxDelay,
+			Calendar:  cal,
 		},
 		Header: policyHeader(p.Name, n, window),
 		Index:  e.limits,
@@ -209,6 +230,12 @@ var (
 		config.FixedWindow:   quota.FixedWindow,
 		config.SlidingLog:    quota.SlidingLog,
 		config.LeakyBucket:   quota.LeakyBucket,
+	}
+	periods = map[config.Period]quota.Period{
+		config.PeriodDay:   quota.Day,
+		config.PeriodWeek:  quota.Week,
+		config.PeriodMonth: quota.Month,
+		config.PeriodYear:  quota.Year,
 	}
 	onErrors = map[config.OnRedisError]quota.OnError{
 		config.OnErrorFallback: quota.ErrorFallback,

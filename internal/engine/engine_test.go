@@ -367,3 +367,31 @@ policies:
 		})
 	}
 }
+
+// A calendar quota's 429 points at the real reset: local midnight of the
+// 1st, Paris time, not a multiple of the window.
+func TestCalendarQuotaHeaders(t *testing.T) {
+	r := newRig(t, "policies:\n  - {name: monthly, limit: 2, window: 1mo, calendar: true, time_zone: Europe/Paris}\n")
+	r.now = time.Date(2027, 1, 31, 22, 58, 30, 0, time.UTC) // 23:58:30 in Paris
+	r.decide(&Request{})
+	r.decide(&Request{})
+	v := r.decide(&Request{})
+	if v.Outcome != OverLimit {
+		t.Fatalf("third request: %v", v.Outcome)
+	}
+	h := map[string]string{}
+	for _, kv := range v.Deny(false).Headers {
+		h[kv[0]] = kv[1]
+	}
+	if h["retry-after"] != "90" || h["ratelimit"] != `"monthly";r=0;t=90` || h["ratelimit-policy"] != `"monthly";q=2;w=2592000` {
+		t.Fatalf("429 headers = %v, want the reset in 90s, at midnight in Paris", h)
+	}
+	r.now = time.Date(2027, 1, 31, 23, 0, 0, 0, time.UTC) // February 1st, 00:00 in Paris
+	if v = r.decide(&Request{}); v.Outcome != OK || v.Takes[0].Decision.Remaining != 1 {
+		t.Fatalf("at midnight: %v %+v", v.Outcome, v.Takes[0].Decision)
+	}
+	// February has 28 days in 2027: the window ends on March 1st.
+	if got, want := v.Takes[0].Decision.ResetAfter, 28*24*time.Hour; got != want {
+		t.Fatalf("reset after %v, want %v", got, want)
+	}
+}

@@ -69,6 +69,31 @@ type Limit struct {
 	// MaxDelay (leaky bucket only) is the longest an admitted request is
 	// held. Zero: none is held.
 	MaxDelay time.Duration
+	// Calendar (fixed window only), when set, aligns the windows to the
+	// calendar of a time zone (see calendar.go); Window is then the
+	// period's nominal length, for headers only. Nil: windows of length
+	// Window aligned to the unix epoch.
+	Calendar *Calendar
+}
+
+// bounds returns the fixed window holding ns: [start, end), unix ns.
+func (l Limit) bounds(ns int64) (start, end int64) {
+	if l.Calendar != nil {
+		b := l.Calendar.At(ns)
+		return b.Start, b.End
+	}
+	w := int64(l.Window)
+	start = windowStart(ns, w)
+	return start, start + w
+}
+
+// windowKey tells the window layouts a state may hold apart: a length for
+// epoch-aligned windows, a negative period for calendar ones.
+func (l Limit) windowKey() int64 {
+	if l.Calendar != nil {
+		return -int64(l.Calendar.Period)
+	}
+	return int64(l.Window)
 }
 
 // Capacity returns the bucket capacity: Burst, or Limit when Burst is zero.

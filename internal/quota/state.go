@@ -23,7 +23,7 @@ type State struct {
 // counts is the state of the counting algorithms.
 type counts struct {
 	win    windowCount // fixed and sliding window counters
-	winLen int64       // the window length win was counted with, ns
+	winLen int64       // the window layout win was counted with (Limit.windowKey)
 	log    timeLog     // sliding log
 }
 
@@ -48,7 +48,7 @@ func (s *State) Take(l Limit, n, ns int64) (Decision, error) {
 			s.tat, d = leakyBucketTake(s.tat, ns, l, n)
 		}
 	case FixedWindow, SlidingWindow:
-		c := s.windows(int64(l.Window))
+		c := s.windows(l.windowKey())
 		if l.Algorithm == FixedWindow {
 			c.win, d = fixedWindowTake(c.win, ns, l, n)
 		} else {
@@ -81,7 +81,7 @@ func (s *State) Refund(l Limit, n, ns int64) {
 			s.tat = leakyBucketRefund(s.tat, ns, l, n)
 		}
 	case FixedWindow:
-		if c := s.counts; c != nil && c.winLen == int64(l.Window) {
+		if c := s.counts; c != nil && c.winLen == l.windowKey() {
 			c.win = fixedWindowRefund(c.win, ns, l, n)
 		}
 	case SlidingWindow:
@@ -113,9 +113,9 @@ func (s *State) reset(a Algorithm) {
 	*s = State{alg: a}
 }
 
-// windows returns the window counters for windows of length w, starting
-// afresh when the length changed: windows of another length do not line
-// up.
+// windows returns the window counters for the window layout w
+// (Limit.windowKey), starting afresh when it changed: windows of another
+// length, or calendar windows, do not line up.
 func (s *State) windows(w int64) *counts {
 	if s.counts == nil {
 		s.counts = &counts{}
