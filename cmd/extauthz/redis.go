@@ -42,6 +42,7 @@ type redisParts struct {
 	hybrid     *redisstore.Hybrid
 	redisMode  quota.Limiter
 	hybridMode quota.Limiter
+	resets     *redisstore.Resets // counter resets between replicas; set once the counters API exists
 }
 
 // connectRedis builds the client and the Redis-backed limiters. An
@@ -150,6 +151,7 @@ func (p *redisParts) close(log *slog.Logger) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
+	p.resets.Close()
 	p.hybrid.Close(ctx)
 	p.peers.Close(ctx)
 	p.store.Close()

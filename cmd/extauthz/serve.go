@@ -26,10 +26,13 @@ import (
 
 	"github.com/extauthz/extauthz/internal/check"
 	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/counters"
 	"github.com/extauthz/extauthz/internal/engine"
 	"github.com/extauthz/extauthz/internal/gctune"
 	"github.com/extauthz/extauthz/internal/metrics"
+	"github.com/extauthz/extauthz/internal/quota"
 	"github.com/extauthz/extauthz/internal/quota/local"
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
 )
 
 // ConfigEnv names the configuration file when -config is not given.
@@ -130,6 +133,8 @@ type sidecar struct {
 	admin   *http.Server
 	ready   atomic.Bool
 	redis   *redisParts // nil without a redis section
+	// counters is the counters API on the admin listener.
+	counters *counters.Handler
 }
 
 func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, error) {
@@ -164,6 +169,19 @@ func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, e
 		return nil, err
 	}
 	s.checks = srv
+	s.counters = &counters.Handler{
+		Engine:  srv.Engine,
+		Forget:  forgetEverywhere(limiters),
+		Token:   counters.TokenDigest(os.Getenv(counters.TokenEnv)),
+		Log:     log,
+		Metrics: counters.NewMetrics(reg),
+	}
+	if s.redis != nil {
+		// Resets through another replica's API reach this one (and
+		// this one's reach them) over Redis pub/sub.
+		s.redis.resets = redisstore.NewResets(s.redis.client, cfg.Redis.KeyPrefix, s.redis.peers.ID(), s.counters.ForgetAnnounced, time.Second, log)
+		s.counters.Publish = s.redis.resets.Publish
+	}
 	opts := check.ServerOptions()
 	if cfg.Listen.TLS != nil {
 		tc, err := serverTLS(cfg.Listen.TLS)
@@ -348,9 +366,23 @@ func (s *sidecar) shutdown(sigs <-chan os.Signal) int {
 	return 0
 }
 
+// forgetEverywhere drops what this process holds of a partition key in
+// every limiter: the key's policy may have changed mode in a reload, and
+// a Redis-backed key also has a fallback bucket among the local counts.
+func forgetEverywhere(limiters engine.Limiters) func(partition string) {
+	return func(partition string) {
+		for _, lim := range limiters {
+			if in, ok := lim.(quota.Inspector); ok {
+				in.Forget(partition)
+			}
+		}
+	}
+}
+
 func (s *sidecar) adminMux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.Handler(s.reg))
+	s.counters.Register(mux)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})

@@ -82,6 +82,8 @@ func New(cfg *config.Config, limiters engine.Limiters, m *engine.Metrics, opts .
 	for _, o := range opts {
 		o(s)
 	}
+	// Keys' recent use outlives reloads: the counters API lists it.
+	s.engOpts = append(s.engOpts, engine.WithUsage(engine.NewUsage()))
 	if err := s.Update(cfg); err != nil {
 		return nil, err
 	}
@@ -101,6 +103,9 @@ func (s *Server) Update(cfg *config.Config) error {
 
 // Config returns the running configuration.
 func (s *Server) Config() *config.Config { return s.current.Load().eng.Config() }
+
+// Engine returns the running configuration's engine, for the admin API.
+func (s *Server) Engine() *engine.Engine { return s.current.Load().eng }
 
 // Check implements envoy.service.auth.v3.Authorization.
 func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {

@@ -121,10 +121,13 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 		return nil
 	}
 
-	// 3. Ask every policy for the request's cost.
+	// 3. Ask every policy for the request's cost, recording the key's
+	// use for the counters API's top keys.
 	denied := false
+	ns := now.UnixNano()
 	for i := range v.Takes {
 		t := &v.Takes[i]
+		t.Policy.top.Observe(t.Key, ns, int32(t.Limit.Index))
 		if t.Limit.Unlimited {
 			t.Decision, t.OK = quota.Decision{Allowed: true}, true
 			t.Policy.unlimited.Inc()

@@ -25,6 +25,7 @@ import (
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/identity"
 	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/topkeys"
 )
 
 // Limiters maps each mode to the limiter that keeps its counts.
@@ -44,6 +45,7 @@ type Engine struct {
 	metrics   *Metrics
 	hold      HoldFunc     // waits out a leaky bucket's delay
 	warn      *slog.Logger // nil: warnings are not logged
+	usage     *Usage       // each policy's recent key use, for the counters API
 
 	warnedTooMany atomic.Bool // a MaxPoliciesPerRequest refusal was logged
 }
@@ -69,6 +71,7 @@ type Policy struct {
 	// unknownPlan counts plan_from names that are not plans; nil
 	// without plan_from.
 	unknownPlan prometheus.Counter
+	top         *topkeys.Tracker // recent use of the policy's keys
 }
 
 // Limit is a quota.Limit with its RateLimit-Policy header value rendered
@@ -111,6 +114,9 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 	for _, o := range opts {
 		o(e)
 	}
+	if e.usage == nil {
+		e.usage = NewUsage()
+	}
 	for i, k := range cfg.Clients.Keys {
 		c := &Client{ID: k.ID, Plan: k.Plan, Index: i}
 		e.clients = append(e.clients, c)
@@ -127,6 +133,7 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 			limiter:  lim,
 			prefix:   string(appendEscaped(nil, pc.Name)),
 			counters: m.forPolicy(pc.Name, string(pc.Mode)),
+			top:      e.usage.tracker(pc.Name),
 		}
 		if pc.Cost.From != config.CostConstant {
 			p.costReader = m.forCost(pc.Name)
@@ -159,6 +166,7 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 		}
 		e.policies = append(e.policies, p)
 	}
+	e.usage.retain(e.policies)
 	m.ConfigPolicies.Set(float64(len(e.policies)))
 	return e, nil
 }

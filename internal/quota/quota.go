@@ -168,3 +168,32 @@ type Limiter interface {
 	// policy denied the same request. It is best effort.
 	Refund(ctx context.Context, key string, l Limit, n int64, now time.Time) error
 }
+
+// Inspector is implemented by the limiters whose counts the counters API
+// reads and resets, off the data path.
+type Inspector interface {
+	// Inspect reports key's count under l at now without spending any of
+	// it: the decision one unit would get, and where the count lives.
+	Inspect(ctx context.Context, key string, l Limit, now time.Time) (Inspection, error)
+	// Reset forgets key's count wherever this limiter keeps it (in Redis
+	// for the Redis modes), in every algorithm: the key starts afresh.
+	// Other replicas forget what they hold of it through Forget.
+	Reset(ctx context.Context, key string) error
+	// Forget drops what this process holds of key (local counts, levels
+	// Redis reported, leased hybrid tokens) without touching Redis: what
+	// a replica does when another one reset the key.
+	Forget(key string)
+}
+
+// Inspection is what Inspect reports of one key.
+type Inspection struct {
+	// Decision is what one more unit would get now; nothing was spent.
+	// Remaining and ResetAfter describe the count.
+	Decision Decision
+	// Keys are the Redis keys holding the count; none in local mode.
+	Keys []string
+	// Leased (hybrid mode) is how many tokens this replica holds leased
+	// from the Redis bucket and not yet spent: they are not in
+	// Decision.Remaining, which counts what Redis holds.
+	Leased int64
+}

@@ -1,6 +1,9 @@
 package quota
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // State is one key's count under one algorithm: the whole of what local
 // mode keeps per key, and of a Redis-backed key's fallback bucket. The
@@ -124,4 +127,17 @@ func (s *State) windows(w int64) *counts {
 		c.win, c.winLen = windowCount{}, w
 	}
 	return s.counts
+}
+
+// Peek is the decision n units would get under l at ns (n = 0: one,
+// counting nothing), leaving s as it was: the counters API reads a count
+// with it, under any limit, without disturbing it.
+func (s *State) Peek(l Limit, n, ns int64) (Decision, error) {
+	c := *s
+	if s.counts != nil {
+		counts := *s.counts
+		counts.log.ts = slices.Clone(s.counts.log.ts)
+		c.counts = &counts
+	}
+	return c.Take(l, n, ns)
 }
