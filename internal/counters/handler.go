@@ -132,7 +132,9 @@ func (h *Handler) reset(w http.ResponseWriter, r *http.Request) {
 	h.Forget(partition)
 	h.Metrics.Resets.WithLabelValues("api").Inc()
 	if h.Log != nil {
-		h.Log.Info("counter reset through the admin API", "policy", policy, "key", key, "remote", r.RemoteAddr)
+		// The partition key is not logged: it may hold an address or a
+		// claim (see the README's Logs).
+		h.Log.Info("counter reset through the admin API", "policy", policy, "remote", r.RemoteAddr)
 	}
 	out := Reset{Policy: policy, Key: key}
 	if h.Publish != nil {

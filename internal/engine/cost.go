@@ -122,16 +122,6 @@ func valueUnits(v *structpb.Value) (int64, bool) {
 	return 0, false
 }
 
-// maxCost is the most units one request may take under l: a token
-// bucket's capacity, else the limit. A request costing more can never be
-// admitted.
-func maxCost(l quota.Limit) int64 {
-	if l.Algorithm == quota.TokenBucket {
-		return l.Capacity()
-	}
-	return l.Limit
-}
-
 // tooCostly is the decision for a request costing more than l can ever
 // grant: denied, with the window as the wait (nothing shorter is true),
 // made without asking the limiter.
@@ -143,5 +133,5 @@ func tooCostly(l Limit) quota.Decision {
 // than policy t admits at once.
 func costDetail(t *Taken) string {
 	return "This request costs " + strconv.FormatInt(t.Units, 10) + " units; policy " + t.Policy.Name +
-		" admits at most " + strconv.FormatInt(t.Limit.MaxCost, 10) + " at once, so it is never admitted as sent."
+		" admits at most " + strconv.FormatInt(t.Limit.MaxCost(), 10) + " at once, so it is never admitted as sent."
 }

@@ -107,7 +107,7 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 		}
 		l := p.limitFor(req, caller)
 		units := e.units(ctx, p, req)
-		if units > l.MaxCost && !p.Shadow {
+		if units > l.MaxCost() && !p.Shadow {
 			neverFits = true
 		}
 		v.Takes = append(v.Takes, Taken{Policy: p, Key: key, Limit: l, Units: units})
@@ -133,7 +133,7 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 			t.Policy.unlimited.Inc()
 			continue
 		}
-		if t.Units > t.Limit.MaxCost { // a shadow policy's: it would have denied
+		if t.Units > t.Limit.MaxCost() { // a shadow policy's: it would have denied
 			t.Decision = tooCostly(t.Limit)
 			t.Policy.shadowDenied.Inc()
 			continue
@@ -182,7 +182,7 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 func (e *Engine) denyTooCostly(v *Verdict) {
 	for i := range v.Takes {
 		t := &v.Takes[i]
-		if t.Units <= t.Limit.MaxCost { // unlimited limits included
+		if t.Units <= t.Limit.MaxCost() { // unlimited limits included
 			t.OK = true
 			continue
 		}

@@ -80,13 +80,18 @@ type Limit struct {
 	quota.Limit
 	Header string // `"orders";q=100;w=60`
 	Index  int    // 0..Engine.LimitCount()-1, for a door's per-limit values
-	// MaxCost is the most units one request may take: a token bucket's
-	// capacity, else the limit.
-	MaxCost int64
-	// Unlimited never denies and keeps no count (an unlimited policy or
-	// plan): the decision is made without a limiter and counted in
-	// metrics only.
-	Unlimited bool
+}
+
+// MaxCost is the most units one request may take under l: a token
+// bucket's capacity, else the limit; no bound for an unlimited limit.
+func (l *Limit) MaxCost() int64 {
+	switch {
+	case l.Unlimited:
+		return math.MaxInt64
+	case l.Algorithm == quota.TokenBucket:
+		return l.Capacity()
+	}
+	return l.Limit.Limit
 }
 
 // Option configures an Engine.
@@ -206,7 +211,6 @@ func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst 
 		Header: policyHeader(p.Name, n, window),
 		Index:  e.limits,
 	}
-	l.MaxCost = maxCost(l.Limit)
 	e.limits++
 	return l
 }
@@ -215,7 +219,7 @@ func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst 
 // like the others. It has no header: an unlimited decision is not
 // described to clients.
 func (e *Engine) newUnlimited(config.Policy) Limit {
-	l := Limit{Index: e.limits, MaxCost: math.MaxInt64, Unlimited: true}
+	l := Limit{Limit: quota.Limit{Unlimited: true}, Index: e.limits}
 	e.limits++
 	return l
 }

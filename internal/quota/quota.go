@@ -55,13 +55,18 @@ const (
 // Limit describes one rate limit: Limit units per Window.
 type Limit struct {
 	Algorithm Algorithm
-	Limit     int64         // units admitted per Window; at least 1
+	// OnError applies to Redis-backed limiters when Redis fails.
+	OnError OnError
+	// Unlimited limits admit everything and count nothing (an unlimited
+	// policy or plan): the engine decides them without asking a limiter,
+	// and the fields below are zero. (Beside the other small fields, it
+	// costs no space: limits are copied into every decision.)
+	Unlimited bool
+	Limit     int64         // units admitted per Window; at least 1 unless Unlimited
 	Window    time.Duration // at least 1ms
 	// Burst is the token bucket's capacity: how many units may be spent at
 	// once after a quiet period. Zero means Limit.
 	Burst int64
-	// OnError applies to Redis-backed limiters when Redis fails.
-	OnError OnError
 	// Queue (leaky bucket only) is how many admitted requests may wait for
 	// their slot at once. Zero: none wait, a request passes only at its
 	// slot; negative: as many as MaxDelay allows.
