@@ -100,8 +100,14 @@ func (e *Engine) defaultCost(ctx context.Context, p *Policy, problem int) int64 
 }
 
 // parseUnits reads a non-negative decimal integer, spaces around allowed.
+// Anything longer than the longest int64 is malformed before it is parsed:
+// strconv's error would copy the whole value (a header of 60 KiB, say).
 func parseUnits(s string) (int64, bool) {
-	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	s = strings.TrimSpace(s)
+	if len(s) > len("9223372036854775807") {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
 	return n, err == nil && n >= 0
 }
 

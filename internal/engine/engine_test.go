@@ -124,6 +124,7 @@ policies:
 		{"header negative", Request{Path: "/h", Headers: headers("x-cost", "-3")}, "h", 2, "malformed"},
 		{"header fraction", Request{Path: "/h", Headers: headers("x-cost", "1.5")}, "h", 2, "malformed"},
 		{"header overflow", Request{Path: "/h", Headers: headers("x-cost", "99999999999999999999")}, "h", 2, "malformed"},
+		{"header of 64 KiB", Request{Path: "/h", Headers: headers("x-cost", strings.Repeat("9", 64<<10))}, "h", 2, "malformed"},
 		{"claim number", Request{Path: "/c", JWT: jwt(map[string]any{"units": 4})}, "c", 4, ""},
 		{"claim string", Request{Path: "/c", JWT: jwt(map[string]any{"units": "6"})}, "c", 6, ""},
 		{"claim fraction", Request{Path: "/c", JWT: jwt(map[string]any{"units": 2.5})}, "c", 1, "malformed"},
