@@ -4,11 +4,17 @@
 //
 // Design note: a Tracker is the Space-Saving summary (Metwally, Agrawal
 // and El Abbadi, 2005) over exponentially decaying counts. It holds at
-// most Capacity keys. A key already held has its count raised; a new key
-// takes the place of the key with the smallest count and inherits that
-// count as its possible overestimate, so a key whose share of the recent
-// traffic exceeds 1/Capacity is always held, and the counts of the keys
-// listed first are close to exact.
+// most Capacity keys. A key already held has its count raised. A new key,
+// when the summary is full, takes the place of the key with the smallest
+// count c and inherits it as its possible overestimate, but only with
+// probability 1/(c + 1): the randomized admission of Ben Basat,
+// Einziger, Friedman and Kassner (2017), which keeps the heavy keys as
+// Space-Saving does, estimates the others better on long-tailed traffic,
+// and makes most new keys cost a map lookup instead of a replacement (a
+// hundred thousand keys used once each would otherwise churn the summary
+// on every request). A key whose share of the recent traffic is well
+// above 1/Capacity is held, and the counts of the keys listed first are
+// close to exact.
 //
 // Counts decay with a half-life, so the list follows what is used now,
 // not what was used an hour ago. The decay is "forward" (Cormode, Shkapenyuk,
@@ -22,6 +28,7 @@ package topkeys
 import (
 	"container/heap"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -51,6 +58,7 @@ type Tracker struct {
 	landmark int64      // ns: L of the forward decay
 	index    map[string]*item
 	heap     minHeap
+	rng      *rand.Rand // the admission draws
 	// The weight of an observation in the 2^20 ns (about 1ms) span wAt,
 	// computed once per span: within it the weight changes by less than
 	// 2^20/halfLife (for a minute, 0.002%).
@@ -73,6 +81,7 @@ func New(capacity int, halfLife time.Duration) *Tracker {
 		halfLife: float64(halfLife),
 		capacity: max(capacity, 1),
 		index:    make(map[string]*item, capacity),
+		rng:      rand.New(rand.NewPCG(1, 2)), // fixed: the same stream, the same summary
 	}
 }
 
@@ -120,8 +129,11 @@ func (t *Tracker) observeLocked(key string, ns int64, aux int32) {
 		return
 	}
 	// Full: the key with the smallest count gives its place and its
-	// count to the new one.
+	// count to the new one, with probability w/(count + w).
 	it := t.heap[0]
+	if t.rng.Float64()*(it.weight+w) >= w {
+		return
+	}
 	delete(t.index, it.key)
 	it.key, it.err, it.aux = key, it.weight, aux
 	it.weight += w

@@ -102,14 +102,13 @@ func TestBounded(t *testing.T) {
 	if tr.Len() != 100 || len(tr.index) != 100 {
 		t.Fatalf("holds %d keys (%d indexed), want 100", tr.Len(), len(tr.index))
 	}
-	tr.Forget("199999")
+	held := tr.Top(1, t0)[0].Key
+	tr.Forget(held)
 	if tr.Len() != 99 {
 		t.Fatalf("after Forget: %d keys", tr.Len())
 	}
-	for _, e := range tr.Top(200, t0) {
-		if e.Key == "199999" {
-			t.Fatal("a forgotten key is listed")
-		}
+	if _, ok := tr.Lookup(held, t0); ok {
+		t.Fatal("a forgotten key is still held")
 	}
 }
 
@@ -134,5 +133,38 @@ func BenchmarkObserve(b *testing.B) {
 	for b.Loop() {
 		tr.Observe(keys[i&63], t0+int64(i), 0)
 		i++
+	}
+}
+
+// Every observation a new key, as under 100,000 uniform keys: each
+// replaces the least used.
+func BenchmarkObserveNewKeys(b *testing.B) {
+	tr := New(1024, time.Minute)
+	keys := make([]string, 1<<16)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("orders:client:%d", i)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		tr.Observe(keys[i&(1<<16-1)], t0+int64(i), 0)
+		i++
+	}
+}
+
+// A key that becomes busy while the summary is full of keys used once
+// each is admitted, and ranks first.
+func TestLateHeavyKeyIsAdmitted(t *testing.T) {
+	tr := New(64, time.Hour)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < 100_000; i++ {
+		k := fmt.Sprintf("noise%d", i)
+		if i > 50_000 && rng.IntN(20) == 0 { // 5% of the second half
+			k = "heavy"
+		}
+		tr.Observe(k, t0+int64(i), 0)
+	}
+	if top := tr.Top(1, t0+100_000); top[0].Key != "heavy" {
+		t.Fatalf("top = %+v", top)
 	}
 }
