@@ -133,7 +133,7 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 			t.Policy.unlimited.Inc()
 			continue
 		}
-		if t.Units > t.Limit.MaxCost() { // a shadow policy's: it would have denied
+		if t.Policy.Shadow && t.Units > t.Limit.MaxCost() { // it would have denied (an enforcing policy's denied the request above)
 			t.Decision = tooCostly(t.Limit)
 			t.Policy.shadowDenied.Inc()
 			continue
