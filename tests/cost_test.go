@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -15,16 +16,20 @@ import (
 // filter in front of the sidecar would set it).
 const costPolicies = `
 clients:
-  keys: [{id: ada, key: key-ada}]
+  keys: [{id: ada, key: key-ada}, {id: bob, key: key-bob}]
 policies:
   - {name: local, match: {path_prefix: /local}, key: [client], limit: 100, window: 1m, mode: local, cost: {header: x-cost}}
   - {name: redis, match: {path_prefix: /redis}, key: [client], limit: 100, window: 1m, mode: redis, cost: {header: x-cost}}
   - {name: hybrid, match: {path_prefix: /hybrid}, key: [client], limit: 100, window: 1m, mode: hybrid, cost: {header: x-cost}}
 `
 
-// costRequest asks for path with cost; "" sends no x-cost header.
-func costRequest(path, cost string) *authv3.CheckRequest {
+// costRequest asks for path with cost, as ada unless another key is
+// given; cost "" sends no x-cost header.
+func costRequest(path, cost string, key ...string) *authv3.CheckRequest {
 	h := [][2]string{{"x-api-key", "key-ada"}}
+	if len(key) > 0 {
+		h[0][1] = key[0]
+	}
 	if cost != "" {
 		h = append(h, [2]string{"x-cost", cost})
 	}
@@ -80,14 +85,17 @@ func TestCostsAcrossReplicasStayExact(t *testing.T) {
 	})
 	t.Run("malformed cost", func(t *testing.T) {
 		s := replicas[1]
-		before := s.metric("extauthz_cost_defaulted_total", "policy", "local", "reason", "malformed")
-		// The local bucket of this replica is empty after the run, so the
-		// default (1 unit) is denied like any unit would be: never free.
-		if resp := s.check(costRequest("/local", "lots")); httpStatus(resp) != 429 {
-			t.Fatalf("malformed cost on an empty bucket: %d, want 429", httpStatus(resp))
-		}
-		if got := s.metric("extauthz_cost_defaulted_total", "policy", "local", "reason", "malformed"); got != before+1 {
-			t.Fatalf("cost_defaulted_total{reason=malformed} = %v, want %v", got, before+1)
+		for _, mode := range []string{"local", "redis", "hybrid"} {
+			before := s.metric("extauthz_cost_defaulted_total", "policy", mode, "reason", "malformed")
+			// Bob's bucket is full: the default, 1 unit, is charged
+			// (never nothing), as the remaining count says.
+			resp := s.check(costRequest("/"+mode, "lots", "key-bob"))
+			if h := okHeaders(resp); httpStatus(resp) != 200 || h["ratelimit"] != fmt.Sprintf(`"%s";r=99;t=1`, mode) {
+				t.Fatalf("%s: malformed cost: %d %v, want allowed with 99 left", mode, httpStatus(resp), h)
+			}
+			if got := s.metric("extauthz_cost_defaulted_total", "policy", mode, "reason", "malformed"); got != before+1 {
+				t.Fatalf("%s: cost_defaulted_total{reason=malformed} = %v, want %v", mode, got, before+1)
+			}
 		}
 	})
 }
