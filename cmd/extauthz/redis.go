@@ -143,16 +143,17 @@ func isAuthError(err error) bool {
 	return false
 }
 
-// close gives unspent hybrid tokens back, leaves the heartbeat set and
-// closes the client. It is safe on a nil receiver.
+// close gives unspent hybrid tokens back, stops listening for counter
+// resets, leaves the heartbeat set and closes the client. It is safe on a
+// nil receiver.
 func (p *redisParts) close(log *slog.Logger) {
 	if p == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
+	p.hybrid.Close(ctx) // first: unspent tokens go back within the deadline
 	p.resets.Close()
-	p.hybrid.Close(ctx)
 	p.peers.Close(ctx)
 	p.store.Close()
 	if err := p.client.Close(); err != nil {
