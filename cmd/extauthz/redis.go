@@ -43,6 +43,7 @@ type redisParts struct {
 	hybrid     *redisstore.Hybrid
 	redisMode  quota.Limiter
 	hybridMode quota.Limiter
+	resets     *redisstore.Resets // counter resets between replicas; set once the counters API exists
 }
 
 // connectRedis builds the client and the Redis-backed limiters. An
@@ -153,15 +154,17 @@ func isAuthError(err error) bool {
 	return false
 }
 
-// close gives unspent hybrid tokens back, leaves the heartbeat set and
-// closes the client. It is safe on a nil receiver.
+// close gives unspent hybrid tokens back, stops listening for counter
+// resets, leaves the heartbeat set and closes the client. It is safe on a
+// nil receiver.
 func (p *redisParts) close(log *slog.Logger) {
 	if p == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	p.hybrid.Close(ctx)
+	p.hybrid.Close(ctx) // first: unspent tokens go back within the deadline
+	p.resets.Close()
 	p.peers.Close(ctx)
 	p.store.Close()
 	p.pipe.Close()

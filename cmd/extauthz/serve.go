@@ -29,11 +29,14 @@ import (
 
 	"github.com/extauthz/extauthz/internal/check"
 	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/counters"
 	"github.com/extauthz/extauthz/internal/engine"
 	"github.com/extauthz/extauthz/internal/gctune"
 	"github.com/extauthz/extauthz/internal/httpauth"
 	"github.com/extauthz/extauthz/internal/metrics"
+	"github.com/extauthz/extauthz/internal/quota"
 	"github.com/extauthz/extauthz/internal/quota/local"
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
 	"github.com/extauthz/extauthz/internal/rls"
 	"github.com/extauthz/extauthz/internal/rlsconfig"
 )
@@ -160,6 +163,8 @@ type sidecar struct {
 	watchMu     sync.Mutex
 	watchStop   func()
 	watchReload func()
+	// counters is the counters API on the admin listener.
+	counters *counters.Handler
 }
 
 func newSidecar(cfg *config.Config, rc *rlsconfig.Config, f serveFlags, log *slog.Logger) (*sidecar, error) {
@@ -216,6 +221,19 @@ func newSidecar(cfg *config.Config, rc *rlsconfig.Config, f serveFlags, log *slo
 			MaxHeaderBytes: http.DefaultMaxHeaderBytes,
 			ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
+	}
+	s.counters = &counters.Handler{
+		Engine:  s.running.Engine,
+		Forget:  forgetEverywhere(limiters),
+		Token:   counters.TokenDigest(os.Getenv(counters.TokenEnv)),
+		Log:     log,
+		Metrics: counters.NewMetrics(reg),
+	}
+	if s.redis != nil {
+		// Resets through another replica's API reach this one (and
+		// this one's reach them) over Redis pub/sub.
+		s.redis.resets = redisstore.NewResets(s.redis.client, cfg.Redis.KeyPrefix, s.redis.peers.ID(), s.counters.ForgetAnnounced, time.Second, log)
+		s.counters.Publish = s.redis.resets.Publish
 	}
 	opts := check.ServerOptions()
 	if cfg.Listen.TLS != nil {
@@ -539,9 +557,23 @@ func (s *sidecar) stopNow() {
 	}
 }
 
+// forgetEverywhere drops what this process holds of a partition key in
+// every limiter: the key's policy may have changed mode in a reload, and
+// a Redis-backed key also has a fallback bucket among the local counts.
+func forgetEverywhere(limiters engine.Limiters) func(partition string) {
+	return func(partition string) {
+		for _, lim := range limiters {
+			if in, ok := lim.(quota.Inspector); ok {
+				in.Forget(partition)
+			}
+		}
+	}
+}
+
 func (s *sidecar) adminMux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.Handler(s.reg))
+	s.counters.Register(mux)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})

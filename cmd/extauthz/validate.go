@@ -185,10 +185,40 @@ func describeMatch(m config.Match) string {
 	for k, v := range m.Context {
 		parts = append(parts, k+"="+v)
 	}
+	for _, h := range m.Headers {
+		parts = append(parts, describeValueMatch("header:"+h.Name, h))
+	}
+	for _, c := range m.Claims {
+		parts = append(parts, describeValueMatch("claim:"+c.Name, c))
+	}
+	if len(m.SourceCIDRs) > 0 {
+		nets := make([]string, len(m.SourceCIDRs))
+		for i, p := range m.SourceCIDRs {
+			nets[i] = p.String()
+		}
+		parts = append(parts, "from "+strings.Join(nets, ","))
+	}
+	if m.Not != nil {
+		parts = append(parts, "not("+describeMatch(*m.Not)+")")
+	}
 	if len(parts) == 0 {
 		return "every request"
 	}
 	return strings.Join(parts, " ")
+}
+
+func describeValueMatch(what string, vm config.ValueMatch) string {
+	switch vm.Kind {
+	case config.MatchPresent:
+		return what + " present"
+	case config.MatchAbsent:
+		return what + " absent"
+	case config.MatchPrefix:
+		return what + "=" + vm.Value + "*"
+	case config.MatchRegex:
+		return what + "~/" + vm.Value + "/"
+	}
+	return what + "=" + vm.Value
 }
 
 func describeKey(k []config.KeyPart) string {
@@ -203,13 +233,34 @@ func describeKey(k []config.KeyPart) string {
 }
 
 func describeLimit(cfg *config.Config, p config.Policy) string {
+	if p.Unlimited {
+		return "unlimited"
+	}
 	if p.UsePlan {
 		names := make([]string, 0, len(cfg.Plans))
 		for name, plan := range cfg.Plans {
+			if plan.Unlimited {
+				names = append(names, name+" unlimited")
+				continue
+			}
+			if p.Calendar {
+				names = append(names, fmt.Sprintf("%s %d per %s", name, plan.Limit, calendarNames[plan.Period]))
+				continue
+			}
 			names = append(names, fmt.Sprintf("%s %d/%s", name, plan.Limit, plan.Window))
 		}
 		sort.Strings(names)
-		return "plan (" + strings.Join(names, ", ") + ")"
+		if p.Calendar {
+			names = append(names, "calendar "+p.TimeZone.String())
+		}
+		from := "plan"
+		if p.PlanFrom.Kind != "" {
+			from = "plan from " + p.PlanFrom.String()
+		}
+		return from + " (" + strings.Join(names, ", ") + ")"
+	}
+	if p.Calendar {
+		return fmt.Sprintf("%d per calendar %s (%s)", p.Limit, calendarNames[p.Period], p.TimeZone)
 	}
 	s := fmt.Sprintf("%d/%s", p.Limit, p.Window)
 	if p.Burst != 0 && p.Burst != p.Limit {
@@ -224,6 +275,10 @@ func describeLimit(cfg *config.Config, p config.Policy) string {
 	return s
 }
 
+var calendarNames = map[config.Period]string{
+	config.PeriodDay: "day", config.PeriodWeek: "week", config.PeriodMonth: "month", config.PeriodYear: "year",
+}
+
 func describeFlags(p config.Policy) string {
 	var f []string
 	if p.Shadow {
@@ -234,6 +289,9 @@ func describeFlags(p config.Policy) string {
 	}
 	if p.OnMissingKey == config.MissingReject {
 		f = append(f, "missing key=401")
+	}
+	if p.Cost != (config.Cost{Units: 1}) {
+		f = append(f, "cost="+p.Cost.String())
 	}
 	if len(f) == 0 {
 		return "-"

@@ -52,6 +52,7 @@ func newRequest(req *authv3.CheckRequest) engine.Request {
 	at.Host = engine.NormalizeHost(host)
 	if md := a.GetMetadataContext().GetFilterMetadata(); md != nil {
 		at.JWT = md[JWTAuthnNamespace]
+		at.Metadata = md
 	}
 	return at
 }

@@ -124,6 +124,9 @@ func (s *Server) compiled() *compiled {
 	return c
 }
 
+// Engine returns the running configuration's engine, for the admin API.
+func (s *Server) Engine() *engine.Engine { return s.running.Engine() }
+
 // Check implements envoy.service.auth.v3.Authorization.
 func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
 	start := time.Now()

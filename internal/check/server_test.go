@@ -576,3 +576,24 @@ policies:
 		t.Fatalf("a restored failure: %d, want 401", got)
 	}
 }
+
+// A cost in Envoy dynamic metadata (set by an earlier filter, forwarded by
+// ext_authz's metadata_context_namespaces) reaches the decision, and the
+// 429 of a request costing more than the burst says why.
+func TestCostFromEnvoyMetadata(t *testing.T) {
+	f := newFixture(t, "policies:\n  - {name: p, limit: 10, window: 1m, cost: {metadata: {namespace: envoy.filters.http.lua, key: cost}}}\n")
+	withCost := func(cost float64) *authv3.CheckRequest {
+		req := NewRequest(RequestSpec{Method: "GET", Path: "/"})
+		md, _ := structpb.NewStruct(map[string]any{"cost": cost})
+		req.Attributes.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.filters.http.lua": md}}
+		return req
+	}
+	resp, err := f.srv.Check(context.Background(), withCost(4))
+	if err != nil || !allowed(resp) || headerMap(resp.GetOkResponse().GetResponseHeadersToAdd())["ratelimit"] != `"p";r=6;t=24` {
+		t.Fatalf("cost 4: %v %v", resp, err)
+	}
+	resp, err = f.srv.Check(context.Background(), withCost(11))
+	if err != nil || httpStatus(resp) != 429 || !strings.Contains(resp.GetDeniedResponse().GetBody(), "costs 11 units; policy p admits at most 10 at once") {
+		t.Fatalf("cost 11: %v %v", resp, err)
+	}
+}

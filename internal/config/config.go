@@ -6,7 +6,10 @@
 // every field is checked and defaulted, ready to compile.
 package config
 
-import "time"
+import (
+	"net/netip"
+	"time"
+)
 
 // Mode says where a policy's counts live.
 type Mode string
@@ -197,7 +200,13 @@ type Client struct {
 type Plan struct {
 	Limit  int64
 	Window time.Duration
+	// Period is the calendar window the plan's window names (1d, 1w, 1mo,
+	// 1y), for policies with calendar: true; "" for a duration.
+	Period Period
 	Burst  int64 // 0: Limit
+	// Unlimited plans never deny and keep no count; Limit, Window and
+	// Burst are then zero.
+	Unlimited bool
 }
 
 // Policy is one rate limit and the requests it applies to.
@@ -207,7 +216,12 @@ type Policy struct {
 	Key   []KeyPart // empty: one bucket shared by every matching request
 	// UsePlan takes Limit, Window and Burst from the caller's plan; the
 	// fields below are then zero.
-	UsePlan      bool
+	UsePlan bool
+	// PlanFrom names the plan with a verified claim or a header a trusted
+	// filter sets (Kind KeyClaim or KeyHeader), before the API key's
+	// plan; zero: the API key's plan. A name not under plans is
+	// plans.default's.
+	PlanFrom     KeyPart
 	Limit        int64
 	Window       time.Duration
 	Burst        int64
@@ -216,6 +230,17 @@ type Policy struct {
 	OnRedisError OnRedisError
 	OnMissingKey OnMissingKey
 	Shadow       bool
+	// Calendar aligns the windows to the calendar of TimeZone: Period
+	// names the window (Window is its nominal length) and Algorithm is
+	// fixed_window.
+	Calendar bool
+	Period   Period
+	TimeZone *time.Location // UTC unless time_zone is given
+	// Unlimited policies never deny and keep no count: their decisions are
+	// counted in metrics only (for trusted networks and clients).
+	Unlimited bool
+	// Cost is what one request spends: 1 unless configured.
+	Cost Cost
 	// Queue and MaxDelay shape a leaky_bucket policy: at most Queue
 	// requests wait for their slot (-1: as many as MaxDelay allows), none
 	// longer than MaxDelay. Zero for other algorithms.
@@ -226,10 +251,16 @@ type Policy struct {
 // Match selects requests. Every non-empty field must match; a Match with no
 // fields matches every request.
 type Match struct {
-	PathPrefix string
-	Methods    []string // upper case
-	Hosts      []string // normalised (NormalizeHost); "*.example.com" matches subdomains
-	Context    map[string]string
+	PathPrefix  string
+	Methods     []string // upper case
+	Hosts       []string // normalised (NormalizeHost); "*.example.com" matches subdomains
+	Context     map[string]string
+	Headers     []ValueMatch   // every one holds for the request's headers
+	Claims      []ValueMatch   // every one holds for the verified JWT claims
+	SourceCIDRs []netip.Prefix // the client address is in one of them (see ip_trusted_hops)
+	// Not, when set, must not match: `not: {source_cidrs: [10.0.0.0/8]}`
+	// excludes the internal network.
+	Not *Match
 }
 
 // KeyPart is one component of a partition key.

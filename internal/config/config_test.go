@@ -261,3 +261,53 @@ func TestBytes(t *testing.T) {
 		t.Errorf("SlidingLogBytes does not saturate: %d", got)
 	}
 }
+
+func TestCostShapes(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want Cost
+	}{
+		{"", Cost{Units: 1}},
+		{"cost: 0", Cost{Units: 0}},
+		{"cost: 10", Cost{Units: 10}},
+		{"cost: {header: X-Cost}", Cost{Units: 1, From: CostHeader, Name: "x-cost"}},
+		{"cost: {claim: units, default: 3}", Cost{Units: 3, From: CostClaim, Name: "units"}},
+		{"cost: {metadata: {namespace: envoy.filters.http.lua, key: cost}}", Cost{Units: 1, From: CostMetadata, Name: "cost", Namespace: "envoy.filters.http.lua"}},
+	} {
+		c, err := Parse([]byte("policies:\n  - {name: a, limit: 10, window: 1s}\n"), "t")
+		if tc.yaml != "" {
+			c, err = Parse([]byte("policies:\n  - name: a\n    limit: 10\n    window: 1s\n    "+tc.yaml+"\n"), "t")
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.yaml, err)
+		}
+		if got := c.Policies[0].Cost; got != tc.want {
+			t.Fatalf("%s: cost = %+v, want %+v", tc.yaml, got, tc.want)
+		}
+	}
+}
+
+func TestCalendarWindows(t *testing.T) {
+	c, err := Parse([]byte(`
+plans:
+  free: {limit: 1000, window: 1mo}
+  default: {limit: 100, window: 1d}
+policies:
+  - {name: monthly, limit: 5000, window: 1mo, calendar: true, time_zone: Europe/Paris}
+  - {name: daily, limit: plan, calendar: true}
+  - {name: rolling, limit: 10, window: 1d}
+`), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, d, r := c.Policies[0], c.Policies[1], c.Policies[2]
+	if !m.Calendar || m.Period != PeriodMonth || m.Window != 30*24*time.Hour || m.Algorithm != FixedWindow || m.TimeZone.String() != "Europe/Paris" {
+		t.Fatalf("monthly = %+v", m)
+	}
+	if !d.Calendar || d.TimeZone != time.UTC || d.Algorithm != FixedWindow || c.Plans["free"].Period != PeriodMonth || c.Plans["default"].Period != PeriodDay {
+		t.Fatalf("daily = %+v, plans %+v", d, c.Plans)
+	}
+	if r.Calendar || r.Period != "" || r.Window != 24*time.Hour || r.Algorithm != TokenBucket {
+		t.Fatalf("rolling = %+v", r)
+	}
+}

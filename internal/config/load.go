@@ -122,9 +122,10 @@ type rawClient struct {
 }
 
 type rawPlan struct {
-	Limit  int64  `yaml:"limit"`
-	Window string `yaml:"window"`
-	Burst  int64  `yaml:"burst"`
+	Limit     int64  `yaml:"limit"`
+	Window    string `yaml:"window"`
+	Burst     int64  `yaml:"burst"`
+	Unlimited bool   `yaml:"unlimited"`
 }
 
 type rawPolicy struct {
@@ -141,13 +142,22 @@ type rawPolicy struct {
 	OnRedisError string   `yaml:"on_redis_error"`
 	OnMissingKey string   `yaml:"on_missing_key"`
 	Shadow       bool     `yaml:"shadow"`
+	Cost         rawCost  `yaml:"cost"`
+	Unlimited    bool     `yaml:"unlimited"`
+	PlanFrom     string   `yaml:"plan_from"`
+	Calendar     bool     `yaml:"calendar"`
+	TimeZone     string   `yaml:"time_zone"`
 }
 
 type rawMatch struct {
-	PathPrefix string            `yaml:"path_prefix"`
-	Methods    []string          `yaml:"methods"`
-	Hosts      []string          `yaml:"hosts"`
-	Context    map[string]string `yaml:"context"`
+	PathPrefix  string            `yaml:"path_prefix"`
+	Methods     []string          `yaml:"methods"`
+	Hosts       []string          `yaml:"hosts"`
+	Context     map[string]string `yaml:"context"`
+	Headers     []rawValueMatch   `yaml:"headers"`
+	Claims      []rawValueMatch   `yaml:"claims"`
+	SourceCIDRs []string          `yaml:"source_cidrs"`
+	Not         *rawMatch         `yaml:"not"`
 }
 
 //go:embed default.yaml

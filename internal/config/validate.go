@@ -333,6 +333,12 @@ func optionalFile(name, path string, errs *Errors) {
 }
 
 func validatePlan(r rawPlan, path string, errs *Errors) Plan {
+	if r.Unlimited {
+		if r.Limit != 0 || r.Window != "" || r.Burst != 0 {
+			errs.add(path, "an unlimited plan has no limit, window or burst; remove them")
+		}
+		return Plan{Unlimited: true}
+	}
 	p := Plan{Limit: r.Limit, Burst: r.Burst}
 	if r.Limit < 1 || r.Limit > maxLimit {
 		errs.add(path+".limit", "%d must be between 1 and %d", r.Limit, int64(maxLimit))
@@ -340,7 +346,7 @@ func validatePlan(r rawPlan, path string, errs *Errors) Plan {
 	if r.Window == "" {
 		errs.add(path+".window", "is required")
 	} else {
-		windowField(r.Window, path+".window", &p.Window, errs)
+		p.Window, p.Period = parseWindow(r.Window, path+".window", errs)
 	}
 	burstField(r.Burst, path+".burst", errs)
 	refillField(p.Limit, p.Window, p.Burst, path+".burst", errs)
@@ -451,10 +457,15 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		p.Key = append(p.Key, kp)
 	}
 
-	switch r.Limit {
-	case "":
-		errs.add(path+".limit", "is required (a number, or plan)")
-	case "plan":
+	switch {
+	case r.Unlimited:
+		p.Unlimited = true
+		if r.Limit != "" || r.Window != "" || r.Burst != 0 || r.Algorithm != "" {
+			errs.add(path+".unlimited", "an unlimited policy has no limit, window, burst or algorithm; remove them")
+		}
+	case r.Limit == "":
+		errs.add(path+".limit", "is required (a number, or plan; or unlimited: true)")
+	case r.Limit == "plan":
 		p.UsePlan = true
 		if r.Window != "" {
 			errs.add(path+".window", "comes from the plan when limit is plan; remove it")
@@ -471,7 +482,7 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		if r.Window == "" {
 			errs.add(path+".window", "is required")
 		} else {
-			windowField(r.Window, path+".window", &p.Window, errs)
+			p.Window, p.Period = parseWindow(r.Window, path+".window", errs)
 		}
 	}
 	burstField(r.Burst, path+".burst", errs)
@@ -488,12 +499,14 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 			errs.add(path+".algorithm", "%q is not an algorithm; choices are %s", r.Algorithm, strings.Join(names, ", "))
 		}
 	}
+	validateCalendar(r, path, &p, c, errs)
 	if p.Algorithm != TokenBucket {
 		if r.Burst != 0 {
 			errs.add(path+".burst", "applies to token_bucket only, not %s", p.Algorithm)
 		}
 	}
 	validateAlgorithm(r, path, &p, c, errs)
+	validateCost(&r.Cost, path+".cost", &p, c, errs)
 
 	if r.Mode != "" {
 		m, ok := parseMode(r.Mode)
@@ -523,11 +536,24 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		}
 	}
 
+	if r.PlanFrom != "" {
+		kp, err := parseKeyPart(r.PlanFrom)
+		switch {
+		case err != nil || (kp.Kind != KeyClaim && kp.Kind != KeyHeader):
+			errs.add(path+".plan_from", "%q must be claim:NAME (a verified JWT claim) or header:NAME (set by a trusted filter)", r.PlanFrom)
+		case !p.UsePlan:
+			errs.add(path+".plan_from", "applies to limit: plan only")
+		default:
+			p.PlanFrom = kp
+		}
+	}
 	if p.UsePlan {
 		// Callers without a plan of their own use plans.default; say so
 		// now rather than failing requests later.
 		_, hasDefault := c.Plans[DefaultPlan]
-		if !hasDefault {
+		if !hasDefault && p.PlanFrom.Kind != "" {
+			errs.add(path+".plan_from", "needs plans.%s, the plan of names that are not under plans", DefaultPlan)
+		} else if !hasDefault {
 			if p.OnMissingKey == MissingAnonymous || !hasPart(p.Key, KeyClient) {
 				errs.add(path+".limit", "plan needs plans.%s for callers without a client plan (or key: [client] with on_missing_key: reject)", DefaultPlan)
 			} else {
@@ -553,7 +579,24 @@ func hasPart(parts []KeyPart, kind KeyKind) bool {
 }
 
 func validateMatch(r *rawMatch, path string, errs *Errors) Match {
+	return validateMatchDepth(r, path, 0, errs)
+}
+
+func validateMatchDepth(r *rawMatch, path string, depth int, errs *Errors) Match {
 	m := Match{PathPrefix: r.PathPrefix, Context: r.Context}
+	m.Headers = validateValueMatches(r.Headers, path+".headers", true, errs)
+	m.Claims = validateValueMatches(r.Claims, path+".claims", false, errs)
+	m.SourceCIDRs = validateCIDRs(r.SourceCIDRs, path+".source_cidrs", errs)
+	if r.Not != nil {
+		switch not := validateMatchDepth(r.Not, path+".not", depth+1, errs); {
+		case depth+1 >= maxMatchDepth:
+			errs.add(path+".not", "nests %d levels deep; at most %d", depth+1, maxMatchDepth-1)
+		case not.empty():
+			errs.add(path+".not", "has no condition: it would match every request, and the policy none")
+		default:
+			m.Not = &not
+		}
+	}
 	if r.PathPrefix != "" && !strings.HasPrefix(r.PathPrefix, "/") {
 		errs.add(path+".path_prefix", "%q must start with /", r.PathPrefix)
 	}

@@ -41,7 +41,7 @@ func (e *Engine) compileAuthFailures(af *config.Plan, limiters Limiters, m *Metr
 		Policy:   pc,
 		Index:    len(e.policies),
 		limiter:  lim,
-		fixed:    e.newLimit(pc, af.Limit, af.Window, af.Burst),
+		fixed:    e.newLimit(pc, af.Limit, af.Window, af.Burst, nil),
 		prefix:   AuthFailuresPolicy,
 		counters: m.forPolicy(AuthFailuresPolicy, string(config.ModeLocal)),
 	}

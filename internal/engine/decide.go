@@ -43,7 +43,7 @@ type Taken struct {
 	Policy   *Policy
 	Key      string // the partition key
 	Limit    Limit  // the limit that applied (the caller's plan's, for limit: plan)
-	Units    int64  // the units asked for: the request's cost, 1 for a request
+	Units    int64  // the units asked for: the request's cost (1 unless configured; 0 asks without spending)
 	OK       bool   // allowed (for a shadow policy: would have been)
 	Decision quota.Decision
 }
@@ -56,7 +56,9 @@ type Verdict struct {
 	// CredHeader is the header the API key came in ("" when none): the
 	// door strips it when clients.strip is set.
 	CredHeader string
-	// Detail is the problem detail of a 401 or a 500.
+	// Detail is the problem detail of a 401 or a 500, and of a 429 for a
+	// request costing more than a policy admits at once ("" for other
+	// 429s: the detail says when to retry).
 	Detail string
 
 	// The matching policies' decisions, in configuration order: the first
@@ -133,10 +135,12 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 		return nil
 	}
 
-	// 2. Find the policies that apply and their partition keys. Keys are
-	// built before any quota is taken, so a rejection needs no refunds.
+	// 2. Find the policies that apply, their partition keys and what the
+	// request costs under each. All are known before any quota is taken,
+	// so a rejection needs no refunds.
+	neverFits := false
 	for _, p := range e.policies {
-		if !p.matches(req) {
+		if !p.matches(req, e.cfg.IPTrustedHops) {
 			continue
 		}
 		if len(v.Takes()) == MaxPoliciesPerRequest {
@@ -151,16 +155,53 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 			v.clearTakes()
 			return nil
 		}
-		v.add(Taken{Policy: p, Key: key, Limit: p.limitFor(caller), Units: 1})
+		l := p.limitFor(req, caller)
+		units := e.units(ctx, p, req)
+		if units > l.MaxCost() && !p.Shadow {
+			neverFits = true
+		}
+		v.add(Taken{Policy: p, Key: key, Limit: l, Units: units})
 	}
 
-	// 3. Ask the policies for one unit each, in configuration order, all
-	// or nothing (the first enforcing denial ends the decision), and hold
-	// an allowed request for its leaky-bucket slot.
+	// A request costing more than an enforcing policy can ever grant is
+	// denied before any limiter is asked: nothing is taken, nothing to
+	// refund.
+	if neverFits {
+		e.denyTooCostly(v)
+		return nil
+	}
+
+	// 3. Ask the policies for the request's cost, in configuration order,
+	// all or nothing (the first enforcing denial ends the decision), and
+	// hold an allowed request for its leaky-bucket slot.
 	outcome, asked, err := TakeAll(ctx, v.Takes(), now, e.hold)
 	v.Outcome = outcome
 	v.truncate(asked)
 	return err
+}
+
+// denyTooCostly denies a request that costs more than an enforcing policy
+// can ever grant, asking no limiter: those policies deny (shadow ones
+// would have), the others are left unasked, as allowed with nothing taken.
+func (e *Engine) denyTooCostly(v *Verdict) {
+	takes := v.Takes()
+	for i := range takes {
+		t := &takes[i]
+		if t.Units <= t.Limit.MaxCost() { // unlimited limits included
+			t.OK = true
+			continue
+		}
+		t.Decision = tooCostly(t.Limit)
+		if t.Policy.Shadow {
+			t.Policy.shadowDenied.Inc()
+			continue
+		}
+		t.Policy.denied.Inc()
+		if v.Detail == "" {
+			v.Detail = costDetail(t)
+		}
+	}
+	v.Outcome = OverLimit
 }
 
 // identify returns the client holding the presented API key, the header it
@@ -217,8 +258,8 @@ func (v *Verdict) Tightest() *Taken {
 	takes := v.Takes()
 	for i := range takes {
 		t := &takes[i]
-		if t.Policy.Shadow {
-			continue // shadow policies observe; clients never see them
+		if t.Policy.Shadow || t.Limit.Unlimited {
+			continue // shadow policies observe, unlimited ones count; clients never see them
 		}
 		if tightest == nil || t.Decision.Remaining < tightest.Decision.Remaining ||
 			(t.Decision.Remaining == tightest.Decision.Remaining && t.Decision.ResetAfter > tightest.Decision.ResetAfter) {

@@ -45,7 +45,7 @@ func (p *Policy) FixedLimit() Limit { return p.fixed }
 // for a limit given with the request (Envoy's per-descriptor override).
 // Its Index is -1.
 func (p *Policy) NewLimit(n int64, window time.Duration) Limit {
-	l := compileLimit(p.Policy, n, window, p.Burst)
+	l := compileLimit(p.Policy, n, window, p.Burst, nil)
 	l.Index = -1
 	return l
 }

@@ -17,12 +17,16 @@ package engine
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/identity"
 	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/topkeys"
 )
 
 // Limiters maps each mode to the limiter that keeps its counts.
@@ -47,6 +51,7 @@ type Engine struct {
 	metrics   *Metrics
 	hold      HoldFunc     // waits out a leaky bucket's delay
 	warn      *slog.Logger // nil: warnings are not logged
+	usage     *Usage       // each policy's recent key use, for the counters API
 
 	warnedTooMany atomic.Bool // a MaxPoliciesPerRequest refusal was logged
 }
@@ -67,6 +72,12 @@ type Policy struct {
 	plans   map[string]Limit // UsePlan: by plan name; "" holds plans.default
 	prefix  string           // partition key prefix: the escaped name
 	counters
+	costReader *costReader        // nil for a constant cost
+	unlimited  prometheus.Counter // decisions of unlimited limits; nil when the policy has none
+	// unknownPlan counts plan_from names that are not plans; nil
+	// without plan_from.
+	unknownPlan prometheus.Counter
+	top         *topkeys.Tracker // recent use of the policy's keys
 }
 
 // Limit is a quota.Limit with its RateLimit-Policy header value rendered
@@ -75,6 +86,18 @@ type Limit struct {
 	quota.Limit
 	Header string // `"orders";q=100;w=60`
 	Index  int    // 0..Engine.LimitCount()-1, for a door's per-limit values
+}
+
+// MaxCost is the most units one request may take under l: a token
+// bucket's capacity, else the limit; no bound for an unlimited limit.
+func (l *Limit) MaxCost() int64 {
+	switch {
+	case l.Unlimited:
+		return math.MaxInt64
+	case l.Algorithm == quota.TokenBucket:
+		return l.Capacity()
+	}
+	return l.Limit.Limit
 }
 
 // Option configures an Engine.
@@ -103,6 +126,9 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 	for _, o := range opts {
 		o(e)
 	}
+	if e.usage == nil {
+		e.usage = NewUsage()
+	}
 	for i, k := range cfg.Clients.Keys {
 		c := &Client{ID: k.ID, Plan: k.Plan, Index: i}
 		e.clients = append(e.clients, c)
@@ -119,19 +145,36 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 			limiter:  lim,
 			prefix:   string(appendEscaped(nil, pc.Name)),
 			counters: m.forPolicy(pc.Name, string(pc.Mode)),
+			top:      e.usage.tracker(pc.Name),
 		}
-		if pc.UsePlan {
+		if pc.Cost.From != config.CostConstant {
+			p.costReader = m.forCost(pc.Name)
+		}
+		if pc.PlanFrom.Kind != "" {
+			p.unknownPlan = m.UnknownPlans.WithLabelValues(pc.Name)
+		}
+		if pc.Unlimited || (pc.UsePlan && anyUnlimited(cfg.Plans)) {
+			p.unlimited = m.Decisions.WithLabelValues(pc.Name, string(pc.Mode), "unlimited")
+		}
+		cals := calendars{}
+		switch {
+		case pc.Unlimited:
+			p.fixed = e.newUnlimited(pc)
+		case pc.UsePlan:
 			p.plans = make(map[string]Limit, len(cfg.Plans)+1)
 			for _, name := range sortedPlans(cfg.Plans) {
 				plan := cfg.Plans[name]
-				l := e.newLimit(pc, plan.Limit, plan.Window, plan.Burst)
+				l := e.newLimit(pc, plan.Limit, plan.Window, plan.Burst, cals.of(pc, plan.Period))
+				if plan.Unlimited {
+					l = e.newUnlimited(pc)
+				}
 				p.plans[name] = l
 				if name == config.DefaultPlan {
 					p.plans[""] = l
 				}
 			}
-		} else {
-			p.fixed = e.newLimit(pc, pc.Limit, pc.Window, pc.Burst)
+		default:
+			p.fixed = e.newLimit(pc, pc.Limit, pc.Window, pc.Burst, cals.of(pc, pc.Period))
 		}
 		e.policies = append(e.policies, p)
 	}
@@ -143,13 +186,33 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 		}
 		e.all = append(e.policies[:len(e.policies):len(e.policies)], e.authFail)
 	}
+	e.usage.retain(e.policies)
 	m.ConfigPolicies.Set(float64(len(e.policies)))
 	return e, nil
 }
 
-// newLimit compiles one limit of policy p and numbers it.
-func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst int64) Limit {
-	l := compileLimit(p, n, window, burst)
+// calendars holds a policy's calendars, one per period, so every limit of
+// that period shares one cache of window bounds.
+type calendars map[config.Period]*quota.Calendar
+
+// of returns the calendar of period under p; nil unless p is a calendar
+// policy.
+func (c calendars) of(p config.Policy, period config.Period) *quota.Calendar {
+	if !p.Calendar || period == "" {
+		return nil
+	}
+	if cal, ok := c[period]; ok {
+		return cal
+	}
+	cal := quota.NewCalendar(periods[period], p.TimeZone)
+	c[period] = cal
+	return cal
+}
+
+// newLimit compiles one limit of policy p and numbers it; cal aligns a
+// calendar policy's windows.
+func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst int64, cal *quota.Calendar) Limit {
+	l := compileLimit(p, n, window, burst, cal)
 	l.Index = e.limits
 	e.limits++
 	return l
@@ -157,7 +220,7 @@ func (e *Engine) newLimit(p config.Policy, n int64, window time.Duration, burst 
 
 // compileLimit translates one limit of policy p into quota terms and
 // renders its RateLimit-Policy header.
-func compileLimit(p config.Policy, n int64, window time.Duration, burst int64) Limit {
+func compileLimit(p config.Policy, n int64, window time.Duration, burst int64, cal *quota.Calendar) Limit {
 	return Limit{
 		Limit: quota.Limit{
 			Algorithm: algorithms[p.Algorithm],
@@ -167,9 +230,28 @@ func compileLimit(p config.Policy, n int64, window time.Duration, burst int64) L
 			OnError:   onErrors[p.OnRedisError],
 			Queue:     p.Queue,
 			MaxDelay:  p.MaxDelay,
+			Calendar:  cal,
 		},
 		Header: policyHeader(p.Name, n, window),
 	}
+}
+
+// newUnlimited is the limit of an unlimited policy or plan of p, numbered
+// like the others. It has no header: an unlimited decision is not
+// described to clients.
+func (e *Engine) newUnlimited(config.Policy) Limit {
+	l := Limit{Limit: quota.Limit{Unlimited: true}, Index: e.limits}
+	e.limits++
+	return l
+}
+
+func anyUnlimited(plans map[string]config.Plan) bool {
+	for _, p := range plans {
+		if p.Unlimited {
+			return true
+		}
+	}
+	return false
 }
 
 // The configuration's names for the quota values, translated at compile
@@ -181,6 +263,12 @@ var (
 		config.FixedWindow:   quota.FixedWindow,
 		config.SlidingLog:    quota.SlidingLog,
 		config.LeakyBucket:   quota.LeakyBucket,
+	}
+	periods = map[config.Period]quota.Period{
+		config.PeriodDay:   quota.Day,
+		config.PeriodWeek:  quota.Week,
+		config.PeriodMonth: quota.Month,
+		config.PeriodYear:  quota.Year,
 	}
 	onErrors = map[config.OnRedisError]quota.OnError{
 		config.OnErrorFallback: quota.ErrorFallback,
@@ -218,10 +306,28 @@ func (p *Policy) Limits() []Limit {
 	return out
 }
 
-// limitFor returns the limit that applies to client c under p.
-func (p *Policy) limitFor(c *Client) Limit {
+// limitFor returns the limit that applies to request a from client c
+// under p: the policy's own, or the plan named by plan_from, else by the
+// client's API key, else plans.default. A plan_from name that is not a
+// plan is counted and gets plans.default.
+func (p *Policy) limitFor(a *Request, c *Client) Limit {
 	if !p.UsePlan {
 		return p.fixed
+	}
+	if p.PlanFrom.Kind != "" {
+		var name string
+		if p.PlanFrom.Kind == config.KeyHeader {
+			name = a.Headers[p.PlanFrom.Name]
+		} else {
+			name, _ = a.claim(p.PlanFrom.Name)
+		}
+		if name != "" {
+			if l, ok := p.plans[name]; ok {
+				return l
+			}
+			p.unknownPlan.Inc()
+			return p.plans[""]
+		}
 	}
 	if c != nil && c.Plan != "" {
 		if l, ok := p.plans[c.Plan]; ok {

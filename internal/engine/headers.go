@@ -33,12 +33,27 @@ func requestHeaders(cfg *config.Config, keyHeader string, keys int) []string {
 			add("x-forwarded-for") // the failures' address (authfail.go)
 		}
 	}
+	keyPart := func(k config.KeyPart) {
+		switch {
+		case k.Kind == config.KeyHeader:
+			add(k.Name)
+		case k.Kind == config.KeyIP && cfg.IPTrustedHops > 0:
+			add("x-forwarded-for")
+		}
+	}
 	for _, p := range cfg.Policies {
 		for _, k := range p.Key {
-			switch {
-			case k.Kind == config.KeyHeader:
-				add(k.Name)
-			case k.Kind == config.KeyIP && cfg.IPTrustedHops > 0:
+			keyPart(k)
+		}
+		keyPart(p.PlanFrom)
+		if p.Cost.From == config.CostHeader {
+			add(p.Cost.Name)
+		}
+		for m := &p.Match; m != nil; m = m.Not {
+			for _, h := range m.Headers {
+				add(h.Name)
+			}
+			if len(m.SourceCIDRs) > 0 && cfg.IPTrustedHops > 0 {
 				add("x-forwarded-for")
 			}
 		}

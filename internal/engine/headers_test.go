@@ -23,6 +23,12 @@ policies:
   - {name: per-client, key: [client], limit: 5, window: 1m}
   - {name: per-ip, key: [ip], limit: 5, window: 1m}
   - {name: per-tenant, key: [header:X-Tenant, path], limit: 5, window: 1m}
+  - {name: beta, limit: 5, window: 1m, match: {headers: [{name: X-Beta, present: true}], not: {headers: [{name: X-Internal, exact: "yes"}]}}}
+  - {name: weighted, limit: 50, window: 1m, cost: {header: X-Cost}}
+  - {name: planned, limit: plan, plan_from: header:X-Plan}
+plans:
+  default: {limit: 5, window: 1m}
+  gold: {limit: 50, window: 1m}
 `), "test.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +45,7 @@ policies:
 		return e
 	}
 	all, some := newEngine(), newEngine()
-	if got, want := some.RequestHeaders(), []string{"x-key", "authorization", "x-forwarded-for", "x-tenant"}; !slices.Equal(got, want) {
+	if got, want := some.RequestHeaders(), []string{"x-key", "authorization", "x-forwarded-for", "x-tenant", "x-beta", "x-internal", "x-cost", "x-plan"}; !slices.Equal(got, want) {
 		t.Fatalf("RequestHeaders() = %q, want %q", got, want)
 	}
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -49,6 +55,8 @@ policies:
 		{"authorization": "Bearer key-eve"},
 		{"x-key": "key-eve", "x-forwarded-for": "10.0.0.3"},
 		{"x-forwarded-for": "10.0.0.3", "forwarded": "for=1.2.3.4", "host": "h", "x-original-uri": "/x"},
+		{"x-beta": "1", "x-cost": "7", "x-plan": "gold"},
+		{"x-beta": "1", "x-internal": "yes", "x-cost": "70", "x-plan": "silver"},
 	} {
 		only := map[string]string{}
 		for _, n := range some.RequestHeaders() {
@@ -69,8 +77,9 @@ policies:
 			t.Fatalf("request %d: all headers %+v; RequestHeaders only %+v", i, a, b)
 		}
 		for j := range a.Takes() {
-			if a.Takes()[j].Key != b.Takes()[j].Key {
-				t.Fatalf("request %d, policy %s: key %q from all headers, %q from RequestHeaders", i, a.Takes()[j].Policy.Name, a.Takes()[j].Key, b.Takes()[j].Key)
+			if ta, tb := a.Takes()[j], b.Takes()[j]; ta.Key != tb.Key || ta.Units != tb.Units || ta.Limit.Index != tb.Limit.Index {
+				t.Fatalf("request %d, policy %s: key %q from all headers, %q from RequestHeaders (units %d, %d; limit %d, %d)", i, a.Takes()[j].Policy.Name, a.Takes()[j].Key, b.Takes()[j].Key,
+					a.Takes()[j].Units, b.Takes()[j].Units, a.Takes()[j].Limit.Index, b.Takes()[j].Limit.Index)
 			}
 		}
 	}

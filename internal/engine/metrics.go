@@ -10,7 +10,8 @@ import (
 // once per process with NewMetrics; the zero value is not usable.
 type Metrics struct {
 	// Decisions counts policy decisions by policy, mode and result
-	// (allowed, denied, shadow_denied, refunded).
+	// (allowed, denied, shadow_denied, refunded; unlimited for the
+	// decisions of unlimited policies and plans).
 	Decisions *prometheus.CounterVec
 	// Degraded counts decisions made while Redis was unreachable, by
 	// policy and the on_redis_error action taken (fallback, allow, deny).
@@ -23,6 +24,12 @@ type Metrics struct {
 	CheckDuration *prometheus.HistogramVec
 	// ConfigPolicies is the number of policies in the running configuration.
 	ConfigPolicies prometheus.Gauge
+	// CostDefaulted counts requests charged a policy's default cost because
+	// the cost they carried was missing or malformed, by policy and reason.
+	CostDefaulted *prometheus.CounterVec
+	// UnknownPlans counts requests whose plan_from named no plan (they get
+	// plans.default), by policy.
+	UnknownPlans *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them with reg (none when
@@ -32,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "decisions_total",
-			Help: "Policy decisions by policy, mode and result (allowed, denied, shadow_denied, refunded).",
+			Help: "Policy decisions by policy, mode and result (allowed, denied, shadow_denied, refunded, unlimited).",
 		}, []string{"policy", "mode", "result"}),
 		Degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "degraded_decisions_total",
@@ -53,9 +60,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: ns, Name: "config_policies",
 			Help: "Policies in the running configuration.",
 		}),
+		CostDefaulted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "cost_defaulted_total",
+			Help: "Requests charged a policy's default cost because the cost they carried was missing or malformed, by policy and reason (missing, malformed).",
+		}, []string{"policy", "reason"}),
+		UnknownPlans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "unknown_plans_total",
+			Help: "Requests whose plan_from named no plan under plans (they get plans.default), by policy.",
+		}, []string{"policy"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Decisions, m.Degraded, m.Checks, m.CheckDuration, m.ConfigPolicies)
+		reg.MustRegister(m.Decisions, m.Degraded, m.Checks, m.CheckDuration, m.ConfigPolicies, m.CostDefaulted, m.UnknownPlans)
 	}
 	return m
 }

@@ -20,9 +20,17 @@ import (
 // config's limit of 8 key parts, at most 3 KiB, plus the policy's names.
 const maxKeyValue = 128
 
-// matches reports whether every condition of p's match holds for a.
-func (p *Policy) matches(a *Request) bool {
-	m := &p.Match
+// matches reports whether every condition of p's match holds for a;
+// hops is ip_trusted_hops, for source_cidrs.
+func (p *Policy) matches(a *Request, hops int) bool {
+	return matchAll(&p.Match, a, hops)
+}
+
+// matchAll tests the conditions cheapest first. The conditions policies
+// had before headers, claims, networks and not cost no allocation, and
+// their order and cost are unchanged: the newer ones are tested only when
+// configured.
+func matchAll(m *config.Match, a *Request, hops int) bool {
 	if m.PathPrefix != "" && !strings.HasPrefix(a.Path, m.PathPrefix) {
 		return false
 	}
@@ -36,6 +44,9 @@ func (p *Policy) matches(a *Request) bool {
 		if got, ok := a.Context[k]; !ok || got != v {
 			return false
 		}
+	}
+	if len(m.Headers) > 0 || len(m.Claims) > 0 || len(m.SourceCIDRs) > 0 || m.Not != nil {
+		return matchMore(m, a, hops)
 	}
 	return true
 }

@@ -74,9 +74,13 @@ func (v *Verdict) Deny(legacy bool) Denial {
 		if legacy {
 			h = append(h, LegacyHeaders(worst.Decision.Limit, worst.Decision.Remaining, time.Duration(wait)*time.Second)...)
 		}
+		detail := "Retry after " + retry + " s."
+		if v.Detail != "" {
+			detail = v.Detail // the request costs more than a policy admits at once
+		}
 		return Denial{Status: 429, Headers: h,
 			Problem: Problem{Type: problemQuotaExceeded, Title: "Too Many Requests", Status: 429,
-				Detail: "Retry after " + retry + " s.", ViolatedPolicies: names}}
+				Detail: detail, ViolatedPolicies: names}}
 	}
 	return Denial{Status: 500, Problem: Problem{Type: problemBlank, Title: "Internal Server Error", Status: 500, Detail: v.Detail}}
 }

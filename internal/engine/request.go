@@ -25,6 +25,10 @@ type Request struct {
 	// JWT holds the payloads Envoy's jwt_authn filter verified, one per
 	// provider under its payload_in_metadata name; nil without.
 	JWT *structpb.Struct
+	// Metadata is the dynamic metadata earlier filters set, by filter
+	// namespace (Envoy's metadata_context.filter_metadata); nil without.
+	// A cost may be read from it.
+	Metadata map[string]*structpb.Struct
 
 	payloads []*structpb.Struct // JWT's payloads in name order; set by Claim
 	sorted   bool               // payloads is set
@@ -49,8 +53,16 @@ func NormalizeHost(host string) string { return config.NormalizeHost(host) }
 // Strings, numbers and booleans are claims; objects and lists are not.
 // The payloads are sorted once per request, however many claims are read.
 func (a *Request) claim(name string) (string, bool) {
+	return scalar(a.claimValue(name))
+}
+
+// claimValue is the claim's value as jwt_authn verified it (see claim):
+// the first scalar found; else the first value found that is not one (an
+// object or a list, which a caller may report as malformed); nil when no
+// payload holds the name.
+func (a *Request) claimValue(name string) *structpb.Value {
 	if a.JWT == nil {
-		return "", false
+		return nil
 	}
 	fields := a.JWT.GetFields()
 	if !a.sorted {
@@ -61,12 +73,32 @@ func (a *Request) claim(name string) (string, bool) {
 		}
 		a.sorted = true
 	}
+	var other *structpb.Value
 	for _, payload := range a.payloads {
-		if v, ok := scalar(payload.GetFields()[name]); ok {
-			return v, true
+		v := payload.GetFields()[name]
+		if isScalar(v) {
+			return v
+		}
+		if other == nil {
+			other = v
 		}
 	}
-	return scalar(fields[name])
+	if v := fields[name]; isScalar(v) || other == nil {
+		return v
+	}
+	return other
+}
+
+// isScalar reports whether v is a claim: a non-empty string, a number or
+// a boolean.
+func isScalar(v *structpb.Value) bool {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		return k.StringValue != ""
+	case *structpb.Value_NumberValue, *structpb.Value_BoolValue:
+		return true
+	}
+	return false
 }
 
 func scalar(v *structpb.Value) (string, bool) {

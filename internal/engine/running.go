@@ -19,8 +19,11 @@ type Running struct {
 }
 
 // NewRunning compiles cfg with the given limiters, metrics and options,
-// which every later Update reuses.
+// which every later Update reuses. Keys' recent use (for the counters
+// API) outlives reloads: every Engine it compiles shares one Usage,
+// unless an option gives another.
 func NewRunning(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) (*Running, error) {
+	opts = append([]Option{WithUsage(NewUsage())}, opts...)
 	r := &Running{limiters: limiters, metrics: m, opts: opts}
 	if err := r.Update(cfg); err != nil {
 		return nil, err

@@ -32,8 +32,24 @@ import (
 // so the guarantees of a request's decisions hold whichever door asked.
 func TakeAll(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (Outcome, int, error) {
 	denied := false
+	ns := now.UnixNano()
 	for i := range takes {
 		t := &takes[i]
+		if t.Policy.top != nil { // the counters API's top keys (Check's policies)
+			t.Policy.top.Observe(t.Key, ns, int32(t.Limit.Index))
+		}
+		if t.Limit.Unlimited {
+			t.Decision, t.OK = quota.Decision{Allowed: true}, true
+			t.Policy.unlimited.Inc()
+			continue
+		}
+		if t.Policy.Shadow && t.Units > t.Limit.MaxCost() {
+			// It would have denied; an enforcing policy's cost that never
+			// fits is denied before TakeAll (Engine.Decide).
+			t.Decision = tooCostly(t.Limit)
+			t.Policy.shadowDenied.Inc()
+			continue
+		}
 		d, err := t.Policy.limiter.Take(ctx, t.Key, t.Limit.Limit, t.Units, now)
 		if err != nil {
 			refund(ctx, takes[:i], now)
@@ -76,7 +92,7 @@ func TakeAll(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (
 func refund(ctx context.Context, takes []Taken, now time.Time) {
 	for i := range takes {
 		t := &takes[i]
-		if t.OK {
+		if t.OK && t.Units > 0 && !t.Limit.Unlimited {
 			_ = t.Policy.limiter.Refund(ctx, t.Key, t.Limit.Limit, t.Units, now)
 			t.Policy.refunded.Inc()
 		}

@@ -87,7 +87,7 @@ func (r IPRule) Key(peer, xff string) string {
 // AppendKey appends Key(peer, xff) to b, without allocating when b has
 // room.
 func (r IPRule) AppendKey(b []byte, peer, xff string) []byte {
-	a, ok := clientAddr(peer, xff, r.TrustedHops)
+	a, ok := ClientAddr(peer, xff, r.TrustedHops)
 	if !ok {
 		return b
 	}
@@ -112,14 +112,15 @@ func (r IPRule) AppendKey(b []byte, peer, xff string) []byte {
 // entry is not an IP, the peer address is used, never a value the client
 // could have chosen. It returns "" when no address is known.
 func ClientIP(peer, xff string, hops int) string {
-	if a, ok := clientAddr(peer, xff, hops); ok {
+	if a, ok := ClientAddr(peer, xff, hops); ok {
 		return a.String()
 	}
 	return ""
 }
 
-// clientAddr is ClientIP before formatting.
-func clientAddr(peer, xff string, hops int) (netip.Addr, bool) {
+// ClientAddr is ClientIP as an address, for matching against networks
+// without formatting it; false when no address is known.
+func ClientAddr(peer, xff string, hops int) (netip.Addr, bool) {
 	if hops > 0 && xff != "" {
 		if a, ok := nthFromRight(xff, hops); ok {
 			return a, true

@@ -181,7 +181,7 @@ func fuzzStep(l Limit, b byte) int64 {
 func checkTake(t *testing.T, s *State, l Limit, now int64, first bool) {
 	t.Helper()
 	before := clone(s)
-	peeked, _ := s.Peek(l, now)
+	peeked, _ := s.Peek(l, 1, now)
 	d, err := s.Take(l, 1, now)
 	if err != nil {
 		t.Fatal(err)

@@ -55,13 +55,18 @@ const (
 // Limit describes one rate limit: Limit units per Window.
 type Limit struct {
 	Algorithm Algorithm
-	Limit     int64         // units admitted per Window; at least 1
+	// OnError applies to Redis-backed limiters when Redis fails.
+	OnError OnError
+	// Unlimited limits admit everything and count nothing (an unlimited
+	// policy or plan): the engine decides them without asking a limiter,
+	// and the fields below are zero. (Beside the other small fields, it
+	// costs no space: limits are copied into every decision.)
+	Unlimited bool
+	Limit     int64         // units admitted per Window; at least 1 unless Unlimited
 	Window    time.Duration // at least 1ms
 	// Burst is the token bucket's capacity: how many units may be spent at
 	// once after a quiet period. Zero means Limit.
 	Burst int64
-	// OnError applies to Redis-backed limiters when Redis fails.
-	OnError OnError
 	// Queue (leaky bucket only) is how many admitted requests may wait for
 	// their slot at once. Zero: none wait, a request passes only at its
 	// slot; negative: as many as MaxDelay allows.
@@ -69,6 +74,31 @@ type Limit struct {
 	// MaxDelay (leaky bucket only) is the longest an admitted request is
 	// held. Zero: none is held.
 	MaxDelay time.Duration
+	// Calendar (fixed window only), when set, aligns the windows to the
+	// calendar of a time zone (see calendar.go); Window is then the
+	// period's nominal length, for headers only. Nil: windows of length
+	// Window aligned to the unix epoch.
+	Calendar *Calendar
+}
+
+// bounds returns the fixed window holding ns: [start, end), unix ns.
+func (l Limit) bounds(ns int64) (start, end int64) {
+	if l.Calendar != nil {
+		b := l.Calendar.At(ns)
+		return b.Start, b.End
+	}
+	w := int64(l.Window)
+	start = windowStart(ns, w)
+	return start, start + w
+}
+
+// windowKey tells the window layouts a state may hold apart: a length for
+// epoch-aligned windows, a negative period for calendar ones.
+func (l Limit) windowKey() int64 {
+	if l.Calendar != nil {
+		return -int64(l.Calendar.Period)
+	}
+	return int64(l.Window)
 }
 
 // Capacity returns the bucket capacity: Burst, or Limit when Burst is zero.
@@ -148,4 +178,33 @@ type Limiter interface {
 // without taking a unit or creating any state.
 type Peeker interface {
 	Peek(ctx context.Context, key string, l Limit, now time.Time) (Decision, error)
+}
+
+// Inspector is implemented by the limiters whose counts the counters API
+// reads and resets, off the data path.
+type Inspector interface {
+	// Inspect reports key's count under l at now without spending any of
+	// it: the decision one unit would get, and where the count lives.
+	Inspect(ctx context.Context, key string, l Limit, now time.Time) (Inspection, error)
+	// Reset forgets key's count wherever this limiter keeps it (in Redis
+	// for the Redis modes), in every algorithm: the key starts afresh.
+	// Other replicas forget what they hold of it through Forget.
+	Reset(ctx context.Context, key string) error
+	// Forget drops what this process holds of key (local counts, levels
+	// Redis reported, leased hybrid tokens) without touching Redis: what
+	// a replica does when another one reset the key.
+	Forget(key string)
+}
+
+// Inspection is what Inspect reports of one key.
+type Inspection struct {
+	// Decision is what one more unit would get now; nothing was spent.
+	// Remaining and ResetAfter describe the count.
+	Decision Decision
+	// Keys are the Redis keys holding the count; none in local mode.
+	Keys []string
+	// Leased (hybrid mode) is how many tokens this replica holds leased
+	// from the Redis bucket and not yet spent: they are not in
+	// Decision.Remaining, which counts what Redis holds.
+	Leased int64
 }

@@ -20,6 +20,7 @@ func Share(l Limit, peers int64) Limit {
 		Queue:     l.Queue,
 		MaxDelay:  l.MaxDelay,
 		OnError:   l.OnError,
+		Calendar:  l.Calendar,
 	}
 	if l.Algorithm == TokenBucket {
 		fl.Burst = max(l.Capacity()/peers, 1)
@@ -69,7 +70,18 @@ func (s *State) CapToShare(l, fl Limit, ns, peers, remote, remoteAt int64) {
 		// tolerance: n more fit when tat ≤ ns + tol − (n−1)·iv.
 		share := (remote + restored) / peers
 		s.tat = max(s.tat, ns+fl.Tolerance()-(share-1)*iv)
-	case FixedWindow, SlidingWindow:
+	case FixedWindow:
+		c := s.windows(fl.windowKey())
+		start, _ := fl.bounds(ns)
+		if c.win.start != start {
+			c.win = windowCount{start: start}
+		}
+		if remoteStart, _ := fl.bounds(remoteAt); remoteStart != start {
+			return // Redis counted a window that has ended
+		}
+		share := min(remote/peers, fl.Limit)
+		c.win.cur = max(c.win.cur, fl.Limit-share)
+	case SlidingWindow:
 		w := int64(fl.Window)
 		c := s.windows(w)
 		c.win = c.win.roll(ns, w)
@@ -77,11 +89,6 @@ func (s *State) CapToShare(l, fl Limit, ns, peers, remote, remoteAt int64) {
 			return // Redis counted a window that has ended
 		}
 		share := min(remote/peers, fl.Limit)
-		if fl.Algorithm == FixedWindow {
-			c.win.prev = 0
-			c.win.cur = max(c.win.cur, fl.Limit-share)
-			return
-		}
 		if left := slidingRemaining(c.win.prev, c.win.cur, fl.Limit, w, ns-c.win.start); left > share {
 			c.win.cur += left - share
 		}

@@ -26,7 +26,7 @@ type State struct {
 // counts is the state of the counting algorithms.
 type counts struct {
 	win    windowCount // fixed and sliding window counters
-	winLen int64       // the window length win was counted with, ns
+	winLen int64       // the window layout win was counted with (Limit.windowKey)
 	log    timeLog     // sliding log
 }
 
@@ -51,7 +51,7 @@ func (s *State) Take(l Limit, n, ns int64) (Decision, error) {
 			s.tat, d = leakyBucketTake(s.tat, ns, l, n)
 		}
 	case FixedWindow, SlidingWindow:
-		c := s.windows(int64(l.Window))
+		c := s.windows(l.windowKey())
 		if l.Algorithm == FixedWindow {
 			c.win, d = fixedWindowTake(c.win, ns, l, n)
 		} else {
@@ -66,19 +66,6 @@ func (s *State) Take(l Limit, n, ns int64) (Decision, error) {
 		return Decision{}, fmt.Errorf("quota: unknown algorithm %s", l.Algorithm)
 	}
 	return d, nil
-}
-
-// Peek returns what Take would decide for one unit under l at ns, leaving
-// s as it is. It allocates a copy of the window counters or the log for
-// the counting algorithms; the buckets' state is copied for free.
-func (s *State) Peek(l Limit, ns int64) (Decision, error) {
-	c := *s
-	if s.counts != nil {
-		cc := *s.counts
-		cc.log.ts = slices.Clone(s.counts.log.ts)
-		c.counts = &cc
-	}
-	return c.Take(l, 1, ns)
 }
 
 // Refund gives back n units that Take admitted under l. A state holding no
@@ -97,7 +84,7 @@ func (s *State) Refund(l Limit, n, ns int64) {
 			s.tat = leakyBucketRefund(s.tat, ns, l, n)
 		}
 	case FixedWindow:
-		if c := s.counts; c != nil && c.winLen == int64(l.Window) {
+		if c := s.counts; c != nil && c.winLen == l.windowKey() {
 			c.win = fixedWindowRefund(c.win, ns, l, n)
 		}
 	case SlidingWindow:
@@ -129,9 +116,9 @@ func (s *State) reset(a Algorithm) {
 	*s = State{alg: a}
 }
 
-// windows returns the window counters for windows of length w, starting
-// afresh when the length changed: windows of another length do not line
-// up.
+// windows returns the window counters for the window layout w
+// (Limit.windowKey), starting afresh when it changed: windows of another
+// length, or calendar windows, do not line up.
 func (s *State) windows(w int64) *counts {
 	if s.counts == nil {
 		s.counts = &counts{}
@@ -140,4 +127,17 @@ func (s *State) windows(w int64) *counts {
 		c.win, c.winLen = windowCount{}, w
 	}
 	return s.counts
+}
+
+// Peek is the decision n units would get under l at ns (n = 0: one,
+// counting nothing), leaving s as it was: the counters API reads a count
+// with it, under any limit, without disturbing it.
+func (s *State) Peek(l Limit, n, ns int64) (Decision, error) {
+	c := *s
+	if s.counts != nil {
+		counts := *s.counts
+		counts.log.ts = slices.Clone(s.counts.log.ts)
+		c.counts = &counts
+	}
+	return c.Take(l, n, ns)
 }

@@ -76,10 +76,12 @@ func (st windowCount) roll(now, w int64) windowCount {
 // fixedWindowTake asks for n units of a fixed window counter at now; n = 0
 // decides as for one unit and counts nothing.
 func fixedWindowTake(st windowCount, now int64, l Limit, n int64) (windowCount, Decision) {
-	w := int64(l.Window)
-	st = st.roll(now, w)
-	st.prev = 0 // a fixed window forgets the previous one entirely
-	left := time.Duration(st.start + w - now)
+	start, end := l.bounds(now)
+	if st.start != start {
+		st = windowCount{start: start} // a fixed window forgets the previous one entirely
+	}
+	st.prev = 0
+	left := time.Duration(end - now)
 	d := Decision{Limit: l.Limit, ResetAfter: left}
 	if st.cur+max(n, 1) <= l.Limit {
 		st.cur += n
@@ -94,7 +96,7 @@ func fixedWindowTake(st windowCount, now int64, l Limit, n int64) (windowCount, 
 // fixedWindowRefund gives n units back to the window holding now. Units
 // counted in a window that has since ended are gone with it.
 func fixedWindowRefund(st windowCount, now int64, l Limit, n int64) windowCount {
-	if st.start == windowStart(now, int64(l.Window)) {
+	if start, _ := l.bounds(now); st.start == start {
 		st.cur = max(st.cur-n, 0)
 	}
 	return st

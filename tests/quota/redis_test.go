@@ -132,14 +132,7 @@ func TestLeasePartialGrantAndReturn(t *testing.T) {
 // every script starts with, from the source tree.
 func runScript(t *testing.T, rdb *redis.Client, name string, keys []string, args ...any) []int64 {
 	t.Helper()
-	read := func(f string) string {
-		b, err := os.ReadFile(filepath.Join("..", "..", "internal", "quota", "redisstore", "scripts", f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
-	v, err := rdb.Eval(context.Background(), read("clock.lua")+read(name+".lua"), keys, args...).Result()
+	v, err := rdb.Eval(context.Background(), readScript(t, "clock.lua")+readScript(t, name+".lua"), keys, args...).Result()
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
@@ -151,6 +144,16 @@ func runScript(t *testing.T, rdb *redis.Client, name string, keys []string, args
 		}
 	}
 	return out
+}
+
+// readScript reads one of the store's Lua scripts from the source tree.
+func readScript(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "internal", "quota", "redisstore", "scripts", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func TestKeysAreHashTagged(t *testing.T) {

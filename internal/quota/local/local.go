@@ -89,7 +89,7 @@ func (l *Limiter) Peek(_ context.Context, key string, lim quota.Limit, now time.
 	sh := l.table.Lock(key)
 	defer sh.Unlock()
 	if s, ok := sh.Peek(key); ok {
-		return s.Peek(lim, ns)
+		return s.Peek(lim, 1, ns)
 	}
 	var s quota.State
 	if at, evicted := sh.Evicted(key); evicted {

@@ -107,6 +107,9 @@ func nextLogMember() string {
 // request's cost; 0 asks without spending): one atomic call.
 // The token bucket goes through bucket_lease.lua (see Redis.Take).
 func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, units int64) (quota.Decision, error) {
+	if l.Calendar != nil {
+		return s.decideCalendar(ctx, partition, l, units)
+	}
 	key := []string{s.algorithmKey(partition, l.Algorithm)}
 	now := s.nowArg(time.Microsecond)
 	var v any
@@ -144,6 +147,9 @@ func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, uni
 
 // refund gives back units that decide admitted for partition under l.
 func (s *Store) refund(ctx context.Context, partition string, l quota.Limit, units int64) error {
+	if l.Calendar != nil {
+		return s.refundCalendar(ctx, partition, l, units)
+	}
 	key := []string{s.algorithmKey(partition, l.Algorithm)}
 	now := s.nowArg(time.Microsecond)
 	var err error

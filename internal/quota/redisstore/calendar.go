@@ -1,0 +1,71 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/extauthz/extauthz/internal/quota"
+)
+
+//go:embed scripts/calendar_window.lua
+var calendarWindowSrc string
+
+var calendarWindowScript = newScript(calendarWindowSrc)
+
+// calendarSuffix keeps calendar windows in a key of their own, apart from
+// epoch-aligned fixed windows (":fw"): their starts may coincide (midnight
+// UTC starts a minute too) while their counts mean different things.
+const calendarSuffix = ":cal"
+
+// calendarKey returns the Redis key of partition's calendar window count.
+func (s *Store) calendarKey(partition string) string {
+	return s.key(partition) + calendarSuffix
+}
+
+// calendarArgs are the script's window bounds: the windows before,
+// holding and after this process's now (see internal/quota/calendar.go),
+// in µs. The script picks the one holding Redis TIME.
+func (s *Store) calendarArgs(l quota.Limit, args []any) []any {
+	now := time.Now()
+	if s.opts.Clock != nil {
+		now = s.opts.Clock()
+	}
+	b := l.Calendar.At(now.UnixNano())
+	for _, ns := range [...]int64{b.Prev, b.Start, b.End, b.Next} {
+		args = append(args, strconv.FormatInt(ns/int64(time.Microsecond), 10))
+	}
+	return args
+}
+
+// decideCalendar is decide for a calendar window: one atomic call.
+func (s *Store) decideCalendar(ctx context.Context, partition string, l quota.Limit, units int64) (quota.Decision, error) {
+	args := s.calendarArgs(l, []any{"take", l.Limit, s.nowArg(time.Microsecond), units})
+	v, err := s.run(ctx, "calendar_window", calendarWindowScript, []string{s.calendarKey(partition)}, args...)
+	if err != nil {
+		return quota.Decision{}, err
+	}
+	r, ok := v.([]any)
+	if !ok || len(r) != 5 {
+		return quota.Decision{}, fmt.Errorf("redisstore: calendar_window script returned %v", v)
+	}
+	n := func(i int) int64 { x, _ := r[i].(int64); return x }
+	us := func(i int) time.Duration { return time.Duration(n(i)) * time.Microsecond }
+	return quota.Decision{
+		Allowed:    n(0) == 1,
+		Limit:      l.Limit,
+		Remaining:  n(1),
+		RetryAfter: us(2),
+		ResetAfter: us(3),
+	}, nil
+}
+
+// refundCalendar gives units back to the calendar window holding Redis
+// TIME; units counted in a window that has since ended are gone with it.
+func (s *Store) refundCalendar(ctx context.Context, partition string, l quota.Limit, units int64) error {
+	args := s.calendarArgs(l, []any{"refund", l.Limit, s.nowArg(time.Microsecond), units})
+	_, err := s.run(ctx, "refund", calendarWindowScript, []string{s.calendarKey(partition)}, args...)
+	return err
+}

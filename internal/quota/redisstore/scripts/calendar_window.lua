@@ -1,0 +1,64 @@
+-- Take a request's cost from a calendar window counter (a fixed window
+-- whose bounds follow the calendar of a time zone), atomically, all or
+-- none; or give units back. Lua has no time zones: the caller sends the
+-- bounds of the windows around its own clock's now (see
+-- internal/quota/calendar.go), and the script counts in the one holding
+-- Redis TIME.
+--
+-- KEYS[1]  the counter, a hash laid out as fixed_window.lua's: w = start
+--          of the window counted (µs), c = units admitted in it.
+-- ARGV[1]  take or refund
+-- ARGV[2]  limit
+-- ARGV[3]  now in µs for tests; empty: Redis TIME, never a replica's clock
+-- ARGV[4]  units (the cost; 0 decides as for one and counts nothing), or
+--          the units given back
+-- ARGV[5…] window bounds in µs, ascending: the windows [ARGV[i], ARGV[i+1])
+--
+-- take returns {allowed, remaining, retry, reset, delay} as
+-- fixed_window.lua does; refund returns 1 when units were given back.
+-- Redis TIME outside every window sent (the clocks a window apart) is an
+-- error, not a guess.
+local limit = tonumber(ARGV[2])
+-- Keys expire on Redis' own clock. With injected test time that is not
+-- the clock deciding: keep such keys a minute at least.
+local keep = 0
+if tonumber(ARGV[3]) then keep = 60000 end
+local now = now_us(ARGV[3])
+local n = tonumber(ARGV[4]) or 1
+
+local ws, we
+for i = 5, #ARGV - 1 do
+  local a, b = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  if a <= now and now < b then
+    ws, we = a, b
+    break
+  end
+end
+if not ws then
+  return redis.error_reply('calendar_window: time ' .. string.format('%d', now) .. ' is outside the windows sent')
+end
+
+local st = redis.call('HMGET', KEYS[1], 'w', 'c')
+local c = 0
+if tonumber(st[1]) == ws then c = tonumber(st[2]) or 0 end
+
+if ARGV[1] == 'refund' then
+  if c > 0 then
+    redis.call('HSET', KEYS[1], 'c', string.format('%d', math.max(c - n, 0)))
+    return 1
+  end
+  return 0
+end
+
+local left = we - now
+local spend = math.max(n, 1)
+if c + spend <= limit then
+  if n > 0 then
+    c = c + n
+    redis.call('HSET', KEYS[1], 'w', string.format('%d', ws), 'c', string.format('%d', c))
+    -- The count means nothing once its window is over.
+    redis.call('PEXPIRE', KEYS[1], math.max(math.ceil(left / 1000) + 1, keep))
+  end
+  return {1, limit - c, 0, left, 0}
+end
+return {0, 0, left, left, 0}
