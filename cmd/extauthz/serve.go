@@ -38,7 +38,7 @@ const ConfigEnv = "EXTAUTHZ_CONFIG"
 func init() {
 	register(command{
 		name:  "serve",
-		usage: "[-config FILE] [-log-format text|json] [-log-level LEVEL] [-drain-delay D] [-grace D] [-pprof] [-decision-log-every N]",
+		usage: "[-config FILE] [-log-format text|json] [-log-level LEVEL] [-listen-grpc ADDR] [-listen-admin ADDR] [-drain-delay D] [-grace D] [-pprof] [-decision-log-every N]",
 		short: "run the sidecar (the default command)",
 		run:   runServe,
 	})
@@ -52,18 +52,24 @@ type serveFlags struct {
 	grace      time.Duration
 	pprof      bool
 	sampleLog  int
+	listen     listenOverrides // -listen-grpc, -listen-admin (cli.go)
 }
 
 func runServe(e env, args []string) (int, error) {
 	fs := newFlags("serve", e)
 	var f serveFlags
-	fs.StringVar(&f.config, "config", "", "configuration file (default $"+ConfigEnv+", else the embedded default)")
+	fs.StringVar(&f.config, "config", "", "configuration file (default: the embedded default configuration)")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&f.drainDelay, "drain-delay", 0, "on SIGTERM, report NOT_SERVING this long before closing listeners")
 	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM, wait this long for in-flight Checks before stopping")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ on the admin address")
 	fs.IntVar(&f.sampleLog, "decision-log-every", 100, "with -log-level debug, log one decision in this many (0: none)")
+	fs.StringVar(&f.listen.grpc, "listen-grpc", "", "serve Check here instead of the file's listen.grpc (host:port or unix:///path)")
+	fs.StringVar(&f.listen.admin, "listen-admin", "", "serve /metrics, /healthz, /readyz here instead of the file's listen.admin")
+	if err := envDefaults(fs, os.LookupEnv); err != nil {
+		return 2, fmt.Errorf("%w: %v", errUsage, err)
+	}
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
@@ -81,12 +87,15 @@ func runServe(e env, args []string) (int, error) {
 	var cfg *config.Config
 	if f.config == "" {
 		cfg = config.Default()
+		if err := f.listen.apply(cfg); err != nil {
+			return 2, fmt.Errorf("%w: %v", errUsage, err)
+		}
 		fmt.Fprintf(e.stderr, "extauthz: no -config and no $%s: serving the embedded default configuration (local mode, no Redis)\n", ConfigEnv)
 		printSummary(e.stderr, cfg)
 		fmt.Fprintf(e.stderr, "try: extauthz check -H 'x-api-key: key-demo-123' GET /orders   (the 6th call in a minute gets 429)\n")
 		fmt.Fprintf(e.stderr, "     extauthz check GET /   (no key: anonymous callers share 10 a minute)\n\n")
 	} else {
-		cfg, err = config.Load(f.config)
+		cfg, err = f.listen.load(f.config)
 		if err != nil {
 			return 1, err
 		}
@@ -279,7 +288,7 @@ func (s *sidecar) reload(why string) {
 		return
 	}
 	running := s.checks.Config()
-	cfg, err := config.Load(src)
+	cfg, err := s.flags.listen.load(src)
 	if err == nil {
 		err = s.checks.Update(cfg)
 	}
