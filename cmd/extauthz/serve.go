@@ -30,6 +30,7 @@ import (
 	"github.com/extauthz/extauthz/internal/gctune"
 	"github.com/extauthz/extauthz/internal/metrics"
 	"github.com/extauthz/extauthz/internal/quota/local"
+	"github.com/extauthz/extauthz/internal/tracing"
 )
 
 // ConfigEnv names the configuration file when -config is not given.
@@ -138,7 +139,8 @@ type sidecar struct {
 	health  *health.Server
 	admin   *http.Server
 	ready   atomic.Bool
-	redis   *redisParts // nil without a redis section
+	redis   *redisParts     // nil without a redis section
+	tracer  *tracing.Tracer // nil unless OTEL_* turns tracing on
 }
 
 func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, error) {
@@ -167,7 +169,12 @@ func newSidecar(cfg *config.Config, f serveFlags, log *slog.Logger) (*sidecar, e
 		limiters[config.ModeHybrid] = s.redis.hybridMode
 	}
 	metrics.Tables(reg, tables)
-	srv, err := check.New(cfg, limiters, engine.NewMetrics(reg), check.WithDecisionLog(log, f.sampleLog))
+	s.tracer, err = tracing.FromEnv(context.Background(), buildVersion(), log)
+	if err != nil {
+		s.redis.close(log)
+		return nil, err
+	}
+	srv, err := check.New(cfg, limiters, engine.NewMetrics(reg), check.WithDecisionLog(log, f.sampleLog), check.WithTracer(s.tracer))
 	if err != nil {
 		s.redis.close(log)
 		return nil, err
@@ -348,6 +355,12 @@ func (s *sidecar) shutdown(sigs <-chan os.Signal) int {
 	}
 	force.Stop()
 	s.redis.close(s.log)
+	// The spans still buffered, the last Checks' among them, leave now.
+	tctx, tcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := s.tracer.Shutdown(tctx); err != nil {
+		s.log.Warn("tracing: exporting the last spans", "error", err.Error())
+	}
+	tcancel()
 	if s.admin != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		s.admin.Shutdown(ctx)
