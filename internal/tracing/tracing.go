@@ -51,20 +51,35 @@ const ScopeName = "github.com/extauthz/extauthz"
 // it is what FromEnv returns when tracing is off.
 type Tracer struct {
 	tracer   trace.Tracer
-	prop     propagation.TextMapPropagator
 	provider *sdktrace.TracerProvider // nil when built by New for tests
 }
 
 // New returns a Tracer that starts spans with tp. Tests and benchmarks use
 // it with an in-memory exporter; the process uses FromEnv.
 func New(tp trace.TracerProvider) *Tracer {
-	return &Tracer{tracer: tp.Tracer(ScopeName), prop: Propagator()}
+	return &Tracer{tracer: tp.Tracer(ScopeName)}
 }
 
-// Propagator reads W3C Trace Context and both B3 encodings. (It writes
-// W3C and single-header B3; the sidecar itself propagates nothing.)
-func Propagator() propagation.TextMapPropagator {
-	return propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, b3.New())
+// propagators read W3C Trace Context, then B3 (either encoding), in that
+// order: the first valid context found wins.
+var propagators = [...]propagation.TextMapPropagator{propagation.TraceContext{}, b3.New()}
+
+// extract returns the first valid span context c carries, or an invalid
+// one.
+func extract(c propagation.TextMapCarrier) trace.SpanContext {
+	for _, p := range propagators {
+		if sc := trace.SpanContextFromContext(p.Extract(context.Background(), c)); sc.IsValid() {
+			return sc
+		}
+	}
+	return trace.SpanContext{}
+}
+
+// checkStart is every Check span's start options, built once: options
+// built per call would cost allocations on every Check.
+var checkStart = []trace.SpanStartOption{
+	trace.WithSpanKind(trace.SpanKindServer),
+	trace.WithAttributes(semconv.RPCSystemNameGRPC, semconv.RPCMethod(CheckSpanName)),
 }
 
 // Environment variables FromEnv reads itself; the SDK and the OTLP
@@ -192,22 +207,17 @@ func (t *Tracer) StartCheck(ctx context.Context, headers map[string]string) (con
 	if t == nil {
 		return ctx, nil
 	}
-	parent := context.Background()
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		parent = t.prop.Extract(parent, metadataCarrier(md))
+	sc := extract(incomingCarrier{ctx})
+	if !sc.IsValid() && len(headers) > 0 {
+		sc = extract(propagation.MapCarrier(headers))
 	}
-	if !trace.SpanContextFromContext(parent).IsValid() && len(headers) > 0 {
-		parent = t.prop.Extract(parent, propagation.MapCarrier(headers))
+	if sc.IsValid() {
+		// The parent is the extracted context; everything else (the
+		// caller's deadline and cancellation, gRPC's values) comes from
+		// ctx.
+		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
 	}
-	// The parent comes from the extracted context; everything else (the
-	// caller's deadline and cancellation, gRPC's values) from ctx.
-	ctx = trace.ContextWithRemoteSpanContext(ctx, trace.SpanContextFromContext(parent))
-	return t.tracer.Start(ctx, CheckSpanName,
-		trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(
-			semconv.RPCSystemNameGRPC,
-			semconv.RPCMethod(CheckSpanName),
-		))
+	return t.tracer.Start(ctx, CheckSpanName, checkStart...)
 }
 
 // Result is what a Check span records of its decision.
@@ -224,6 +234,10 @@ type Result struct {
 // error; a denial is a decision, not an error. A nil span is ignored.
 func EndCheck(span trace.Span, r Result, err error) {
 	if span == nil {
+		return
+	}
+	if !span.IsRecording() { // unsampled: nothing would be kept
+		span.End()
 		return
 	}
 	attrs := make([]attribute.KeyValue, 0, 5)
@@ -274,23 +288,21 @@ func RedisCall(ctx context.Context, op string, start, end time.Time, err error) 
 	span.End(trace.WithTimestamp(end))
 }
 
-// metadataCarrier reads a trace context from gRPC metadata, whose keys are
-// lower case like the propagators' header names.
-type metadataCarrier metadata.MD
+// incomingCarrier reads a trace context from the gRPC request's metadata
+// (lower-case keys, like the propagators' header names) one key at a time,
+// without copying the whole metadata as metadata.FromIncomingContext does:
+// the propagators ask for a handful of keys, usually absent.
+type incomingCarrier struct{ ctx context.Context }
 
-func (c metadataCarrier) Get(key string) string {
-	if v := metadata.MD(c).Get(key); len(v) > 0 {
+func (c incomingCarrier) Get(key string) string {
+	if v := metadata.ValueFromIncomingContext(c.ctx, key); len(v) > 0 {
 		return v[0]
 	}
 	return ""
 }
 
-func (c metadataCarrier) Set(key, value string) { metadata.MD(c).Set(key, value) }
+// Set is never called: the sidecar extracts, it does not inject.
+func (c incomingCarrier) Set(string, string) {}
 
-func (c metadataCarrier) Keys() []string {
-	keys := make([]string, 0, len(c))
-	for k := range c {
-		keys = append(keys, k)
-	}
-	return keys
-}
+// Keys is not used by the W3C and B3 propagators' Extract.
+func (c incomingCarrier) Keys() []string { return nil }
