@@ -355,6 +355,13 @@ func checkExtauthzContainer(p *problems, s *set, d *object, volumes map[string]*
 	for i := range c.Env {
 		env[c.Env[i].Name] = &c.Env[i]
 	}
+	// The environment wins over the file, as in extauthz serve.
+	if e := env["EXTAUTHZ_LISTEN_GRPC"]; e != nil && e.Value != "" {
+		sc.Listen.GRPC = e.Value
+	}
+	if e := env["EXTAUTHZ_LISTEN_ADMIN"]; e != nil && e.Value != "" {
+		sc.Listen.Admin = e.Value
+	}
 	fromField := func(n, path string) {
 		if e := env[n]; e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != path {
 			p.add("%s: env %s must come from the downward API (fieldRef %s)", name, n, path)

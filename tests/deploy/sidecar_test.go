@@ -25,7 +25,10 @@ type sidecarConfig struct {
 		Timeout     string   `json:"timeout"`
 	} `json:"redis"`
 	DefaultMode string `json:"default_mode"`
-	Clients     struct {
+	Fallback    struct {
+		MinPeers *int64 `json:"min_peers"`
+	} `json:"fallback"`
+	Clients struct {
 		Bearer *bool `json:"bearer"`
 	} `json:"clients"`
 	Policies []struct {
