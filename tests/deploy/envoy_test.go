@@ -42,6 +42,9 @@ const (
 	extAuthzFilter = "envoy.filters.http.ext_authz"
 	jwtAuthnFilter = "envoy.filters.http.jwt_authn"
 	httpOptionsKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+	// extAuthzCluster is the ext_authz cluster's name in every bootstrap:
+	// the circuit breaker alert and panel select it by name.
+	extAuthzCluster = "extauthz"
 	// maxCheckTimeout is the ext_authz budget: SPEC §4 sizes Redis calls
 	// to fit inside Envoy's 200ms.
 	maxCheckTimeout = 200 * time.Millisecond
@@ -421,10 +424,16 @@ func checkHCM(p *problems, name string, b *bootstrapv3.Bootstrap, h *hcmv3.HttpC
 	if sc.usesRedis() && timeout <= breakerVerdict {
 		p.add("%s: ext_authz timeout %v leaves extauthz no time to tell a frozen Redis (%v) and answer from its fallback", name, timeout, breakerVerdict)
 	}
+	if ea.GetStatPrefix() != "" {
+		p.add("%s: ext_authz stat_prefix %q renames its counters; the alerts and dashboard read envoy_http_ext_authz_* (docs/alerts.md)", name, ea.GetStatPrefix())
+	}
 	clusterName := gs.GetEnvoyGrpc().GetClusterName()
 	if clusterName == "" {
 		p.add("%s: ext_authz grpc_service must use envoy_grpc with a cluster_name", name)
 		return
+	}
+	if clusterName != extAuthzCluster {
+		p.add("%s: the ext_authz cluster is %q; the alerts and dashboard read it as envoy_cluster_name=%q", name, clusterName, extAuthzCluster)
 	}
 	checkExtAuthzCluster(p, name, b, clusterName, sc)
 

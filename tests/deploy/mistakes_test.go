@@ -60,6 +60,8 @@ func TestEnvoyChecksCatchMistakes(t *testing.T) {
 			want: "router.v3.Routr", loadFailed: true},
 		{name: "ValidateAll", files: plain, old: "connect_timeout: 0.25s", new: "connect_timeout: 0s",
 			want: "ConnectTimeout", loadFailed: true},
+		{name: "stat prefix", files: plain, old: "transport_api_version: V3", new: "transport_api_version: V3\n                      stat_prefix: authz",
+			want: `stat_prefix "authz" renames its counters`},
 		{name: "no request id in the access log", files: plain, old: `request_id: "%REQ(X-REQUEST-ID)%"`, new: "",
 			want: "does not print %REQ(X-REQUEST-ID)%"},
 		{name: "request ids off", files: jwt, old: "generate_request_id: true", new: "generate_request_id: false",
