@@ -354,7 +354,7 @@ func TestChartCatchesMistakes(t *testing.T) {
 		name, values string
 		want         string // in the render error, or in a problem
 	}{
-		{"unknown layout", "layout: sidecars\n", `layout "sidecars": choices are shared, sidecar`},
+		{"unknown layout", "layout: sidecars\n", `at '/layout': value must be one of 'shared', 'sidecar'`},
 		{"shared, no Istio, nobody named", "istio: {enabled: false}\n", "networkPolicy.grpcFrom: name the pods"},
 		{"autoscaling below two", "autoscaling: {enabled: true, minReplicas: 1}\n", "autoscaling.minReplicas: at least 2"},
 		{"Envoy heap above its limit", "layout: sidecar\nenvoy: {maxHeapBytes: 536870912}\n", "is not below the container's memory limit"},
@@ -364,6 +364,8 @@ func TestChartCatchesMistakes(t *testing.T) {
 		{"no CPU limit", "resources: {limits: {cpu: null}}\n", "env GOMAXPROCS reads limits.cpu, but the container sets no such limit"},
 		{"Check port open in the sidecar layout", "layout: sidecar\nnetworkPolicy: {enabled: false}\n", "no NetworkPolicy keeps other pods from it"},
 		{"latest image", "image: {tag: latest}\n", "pin a version"},
+		{"misspelt value", "replica: 3\n", "additional properties 'replica' not allowed"},
+		{"unknown log level", "logLevel: verbose\n", "at '/logLevel'"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var p problems
