@@ -3,6 +3,8 @@ package check
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -251,3 +253,25 @@ type discard struct{}
 
 func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
 func (discard) Shutdown(context.Context) error                             { return nil }
+
+// TestDecisionLogRequestID: the sampled decision log carries the
+// x-request-id Envoy gave the request, the one its access log prints.
+func TestDecisionLogRequestID(t *testing.T) {
+	cfg, err := config.Parse([]byte("policies:\n  - {name: p, limit: 10, window: 1m}\n"), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cache, _ := local.NewTable(100)
+	srv, err := New(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, engine.NewMetrics(nil), WithDecisionLog(log, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Check(context.Background(), NewRequest(RequestSpec{Method: "GET", Path: "/", ID: "4a1c2e0d-req"})); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), `"msg":"decision"`) || !strings.Contains(logs.String(), `"request_id":"4a1c2e0d-req"`) {
+		t.Fatalf("decision log lacks the request id:\n%s", logs.String())
+	}
+}
