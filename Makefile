@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test test-unit lint fuzz redis-server nginx test-caddy bench bench-micro clean image test-deploy kind-up kind-load kind-apply kind-smoke kind-down demo
+.PHONY: all build run test test-unit lint fuzz redis-server nginx test-caddy bench bench-micro clean image test-deploy test-chart kind-up kind-load kind-apply kind-smoke kind-down demo
 IMAGE   ?= extauthz:dev
 
 # go-control-plane ships generated marshallers (vtprotobuf) behind this
@@ -92,6 +92,11 @@ test-deploy:
 # dependencies. The first run compiles Caddy: minutes on two cores.
 test-caddy:
 	cd tests/caddy && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# The Helm chart alone: lint and render every values combination, the
+# alerts' unit tests, the dashboard's queries against the binary's metrics.
+test-chart:
+	cd tests/deploy && $(GO) test -count=1 -run 'Chart|Alert|Dashboard|SharedLayoutRules' .
 
 # The whole story in one command: a redis-server and three replicas of the
 # real binary on loopback, the seed scenario beside every algorithm, and the

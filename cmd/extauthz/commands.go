@@ -36,14 +36,12 @@ var errUsage = errors.New("usage")
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	e := env{stdin: stdin, stdout: stdout, stderr: stderr}
+	if code, ok := topLevel(args, e); ok {
+		return code
+	}
 	name := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		name, args = args[0], args[1:]
-	}
-	switch name {
-	case "help", "-h", "--help":
-		printUsage(stdout)
-		return 0
 	}
 	cmd, ok := commands[name]
 	if !ok {

@@ -39,6 +39,7 @@ import (
 	"github.com/extauthz/extauthz/internal/quota/redisstore"
 	"github.com/extauthz/extauthz/internal/rls"
 	"github.com/extauthz/extauthz/internal/rlsconfig"
+	"github.com/extauthz/extauthz/internal/tracing"
 )
 
 // ConfigEnv names the configuration file when -config is not given.
@@ -47,7 +48,7 @@ const ConfigEnv = "EXTAUTHZ_CONFIG"
 func init() {
 	register(command{
 		name:  "serve",
-		usage: "[-config FILE] [-log-format text|json] [-log-level LEVEL] [-drain-delay D] [-grace D] [-pprof] [-decision-log-every N]",
+		usage: "[-config FILE] [-log-format text|json] [-log-level LEVEL] [-listen-grpc ADDR] [-listen-admin ADDR] [-drain-delay D] [-grace D] [-pprof] [-decision-log-every N]",
 		short: "run the sidecar (the default command)",
 		run:   runServe,
 	})
@@ -61,18 +62,26 @@ type serveFlags struct {
 	grace      time.Duration
 	pprof      bool
 	sampleLog  int
+	listen     listenOverrides // -listen-grpc, -listen-http, -listen-admin (cli.go)
 }
 
 func runServe(e env, args []string) (int, error) {
 	fs := newFlags("serve", e)
 	var f serveFlags
-	fs.StringVar(&f.config, "config", "", "configuration file (default $"+ConfigEnv+", else the embedded default)")
+	fs.StringVar(&f.config, "config", "", "configuration file (default: the embedded default configuration)")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&f.drainDelay, "drain-delay", 0, "on SIGTERM, report NOT_SERVING this long before closing listeners")
 	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGTERM, wait this long for in-flight Checks (gRPC and HTTP) before stopping")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ on the admin address")
 	fs.IntVar(&f.sampleLog, "decision-log-every", 100, "with -log-level debug, log one decision in this many (0: none)")
+	fs.StringVar(&f.listen.grpc, "listen-grpc", "", "serve Check here instead of the file's listen.grpc (host:port or unix:///path)")
+	fs.StringVar(&f.listen.http, "listen-http", "", "serve the HTTP door here instead of the file's listen.http (host:port or unix:///path)")
+	fs.StringVar(&f.listen.admin, "listen-admin", "", "serve /metrics, /healthz, /readyz here instead of the file's listen.admin")
+	if err := envDefaults(fs, os.LookupEnv); err != nil {
+		return 2, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	envConfig := f.config // $EXTAUTHZ_CONFIG, for saying where a path came from
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
@@ -84,8 +93,8 @@ func runServe(e env, args []string) (int, error) {
 		return 2, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	source := "-config"
-	if f.config == "" {
-		f.config, source = os.Getenv(ConfigEnv), "$"+ConfigEnv
+	if f.config != "" && f.config == envConfig {
+		source = "$" + ConfigEnv
 	}
 
 	var cfg *config.Config
@@ -94,13 +103,16 @@ func runServe(e env, args []string) (int, error) {
 		// Its key is published, so it says so loudly; the container image
 		// sets $EXTAUTHZ_CONFIG and never gets here.
 		cfg = config.Default()
+		if err := f.listen.apply(cfg); err != nil {
+			return 2, fmt.Errorf("%w: %v", errUsage, err)
+		}
 		fmt.Fprintf(e.stderr, "extauthz: no -config and no $%s: serving the embedded demo configuration (local mode, no Redis)\n", ConfigEnv)
 		printSummary(e.stderr, cfg)
 		fmt.Fprintf(e.stderr, "try: extauthz check -H 'x-api-key: key-demo-123' GET /orders   (the 6th call in a minute gets 429)\n")
 		fmt.Fprintf(e.stderr, "     extauthz check GET /   (no key: anonymous callers share 10 a minute)\n\n")
 		log.Warn("serving the embedded demo configuration, which accepts the published demo key key-demo-123: for trying extauthz out, never for a deployment; give -config FILE or $" + ConfigEnv)
 	} else {
-		cfg, err = config.Load(f.config)
+		cfg, err = f.listen.load(f.config)
 		if errors.Is(err, os.ErrNotExist) {
 			return 1, fmt.Errorf("no configuration file at %s (from %s): mount one there or name one with -config FILE; "+
 				"the embedded demo configuration (with its published demo key) is served only when neither -config nor $%s is set", f.config, source, ConfigEnv)
@@ -156,7 +168,8 @@ type sidecar struct {
 	health  *health.Server
 	admin   *http.Server
 	ready   atomic.Bool
-	redis   *redisParts // nil without a redis section
+	redis   *redisParts     // nil without a redis section
+	tracer  *tracing.Tracer // nil unless OTEL_* turns tracing on
 	// The configuration watch, restarted when a reload names other
 	// domain files. watchMu guards both: reloads run on a goroutine of
 	// their own, and shutdown stops the watch from the main loop.
@@ -193,6 +206,11 @@ func newSidecar(cfg *config.Config, rc *rlsconfig.Config, f serveFlags, log *slo
 		limiters[config.ModeHybrid] = s.redis.hybridMode
 	}
 	metrics.Tables(reg, tables)
+	s.tracer, err = tracing.FromEnv(context.Background(), buildVersion(), log)
+	if err != nil {
+		s.redis.close(log)
+		return nil, err
+	}
 	// One engine's metrics for every door: decisions count by policy
 	// whichever door asked, and requests by door. Check and the HTTP door
 	// share one compiled configuration: a reload compiles it once.
@@ -207,7 +225,7 @@ func newSidecar(cfg *config.Config, rc *rlsconfig.Config, f serveFlags, log *slo
 		s.redis.close(log)
 		return nil, err
 	}
-	srv := check.NewServer(s.running, check.WithDecisionLog(log, f.sampleLog))
+	srv := check.NewServer(s.running, check.WithDecisionLog(log, f.sampleLog), check.WithTracer(s.tracer))
 	if cfg.Listen.HTTP != "" {
 		s.http = &http.Server{
 			Handler: httpauth.New(s.running, httpauth.WithLog(log)),
@@ -381,7 +399,7 @@ func (s *sidecar) reload(why string) {
 	}
 	s.log.Info("reloading configuration", "trigger", why, "config", src)
 	running := s.running.Config()
-	cfg, err := config.Load(src)
+	cfg, err := s.flags.listen.load(src)
 	var rc *rlsconfig.Config
 	if err == nil {
 		rc, err = loadRLS(cfg)
@@ -540,6 +558,12 @@ func (s *sidecar) shutdown(sigs <-chan os.Signal) int {
 	}
 	force.Stop()
 	s.redis.close(s.log)
+	// The spans still buffered, the last Checks' among them, leave now.
+	tctx, tcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := s.tracer.Shutdown(tctx); err != nil {
+		s.log.Warn("tracing: exporting the last spans", "error", err.Error())
+	}
+	tcancel()
 	if s.admin != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		s.admin.Shutdown(ctx)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
+	"github.com/extauthz/extauthz/internal/tracing"
 )
 
 // Door is this door's name in the metrics: extauthz_checks_total{door="grpc"}.
@@ -38,6 +39,8 @@ type Server struct {
 	log         *slog.Logger // sampled decision log, at debug level
 	sampleEvery uint64       // log one decision in this many; 0: none
 	sampled     atomic.Uint64
+
+	tracer *tracing.Tracer // nil: no spans
 }
 
 // compiled is one configuration: the engine and the response parts this
@@ -78,6 +81,10 @@ func WithDecisionLog(log *slog.Logger, every int) Option {
 		}
 	}
 }
+
+// WithTracer makes a span of every Check (and of its Redis calls). A nil
+// Tracer, what tracing.FromEnv returns when tracing is off, makes none.
+func WithTracer(t *tracing.Tracer) Option { return func(s *Server) { s.tracer = t } }
 
 // New returns a Server enforcing cfg with the given limiters, one per mode
 // the configuration uses, in a Running of its own: a door alone.
@@ -136,6 +143,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	}
 	c := s.compiled()
 	r := newRequest(req)
+	ctx, span := s.tracer.StartCheck(ctx, r.Headers)
 	var v engine.Verdict
 	err := c.eng.Decide(ctx, &r, now, &v)
 	var resp *authv3.CheckResponse
@@ -151,11 +159,17 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	}
 	took := time.Since(start)
 	s.door.Observe(v.Outcome, took.Seconds())
+	if span != nil {
+		f := resp.GetDynamicMetadata().GetFields()
+		tracing.EndCheck(span, tracing.Result{Outcome: v.Outcome.String(), Status: decisionStatus(resp),
+			Policy: f["policy"].GetStringValue(), Client: f["client"].GetStringValue(),
+			RequestID: r.Headers[RequestIDHeader]}, err)
+	}
 	if s.sampleEvery > 0 && s.sampled.Add(1)%s.sampleEvery == 0 {
 		f := resp.GetDynamicMetadata().GetFields()
 		s.log.Debug("decision", "outcome", v.Outcome.String(), "client", f["client"].GetStringValue(),
 			"policy", f["policy"].GetStringValue(), "remaining", f["remaining"].GetNumberValue(),
-			"latency", took, "sampled_one_in", s.sampleEvery)
+			"latency", took, "request_id", r.Headers[RequestIDHeader], "sampled_one_in", s.sampleEvery)
 	}
 	return resp, err
 }

@@ -15,10 +15,12 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	streamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
 	extauthzv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_authz/v3"
 	jwtauthnv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	fixedheapv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/fixed_heap/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -31,6 +33,7 @@ import (
 	// fails loudly ("unable to resolve"), never silently.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/fixed_heap/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 )
 
@@ -39,9 +42,19 @@ const (
 	extAuthzFilter = "envoy.filters.http.ext_authz"
 	jwtAuthnFilter = "envoy.filters.http.jwt_authn"
 	httpOptionsKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+	// extAuthzCluster is the ext_authz cluster's name in every bootstrap:
+	// the circuit breaker alert and panel select it by name.
+	extAuthzCluster = "extauthz"
 	// maxCheckTimeout is the ext_authz budget: SPEC §4 sizes Redis calls
 	// to fit inside Envoy's 200ms.
 	maxCheckTimeout = 200 * time.Millisecond
+	// checksInFlight is the concurrency docs/deploying.md ("Concurrency")
+	// sizes the ext_authz cluster's circuit breaker for: 5,000 requests a
+	// second, each Check taking the whole 0.2s timeout.
+	checksInFlight = 1000
+	// statsPath is the one admin path a bootstrap may expose beyond
+	// loopback, for Prometheus.
+	statsPath = "/stats/prometheus"
 )
 
 // loadBootstrap decodes an Envoy bootstrap from YAML the way Envoy does:
@@ -190,7 +203,20 @@ func checkBootstrap(p *problems, name string, raw []byte, b *bootstrapv3.Bootstr
 			p.add("%s: admin listens on %s: the admin API must stay on loopback", name, a.GetAddress())
 		}
 	}
-	managers := hcms(b)
+	checkOverload(p, name, b)
+	for _, l := range b.GetStaticResources().GetListeners() {
+		if l.GetPerConnectionBufferLimitBytes() == nil {
+			p.add("%s: listener %s: set per_connection_buffer_limit_bytes (the 1 MiB default lets each client make Envoy buffer that much)", name, l.GetName())
+		}
+	}
+	var managers []*hcmv3.HttpConnectionManager
+	for _, h := range hcms(b) {
+		if isStatsHCM(b, h) {
+			checkStatsHCM(p, name, b, h)
+			continue
+		}
+		managers = append(managers, h)
+	}
 	if len(managers) == 0 {
 		p.add("%s: no http_connection_manager", name)
 		return
@@ -202,7 +228,108 @@ func checkBootstrap(p *problems, name string, raw []byte, b *bootstrapv3.Bootstr
 	}
 	for _, h := range managers {
 		checkHCM(p, name, raw, b, h, sc, explicit)
+		checkRequestID(p, name, h)
 	}
+}
+
+// adminCluster returns the static cluster that reaches Envoy's own admin
+// listener, if any.
+func adminCluster(b *bootstrapv3.Bootstrap) *clusterv3.Cluster {
+	admin := b.GetAdmin().GetAddress().GetSocketAddress()
+	for _, c := range b.GetStaticResources().GetClusters() {
+		for _, sa := range socketAddresses(c) {
+			if admin != nil && sa.GetAddress() == admin.GetAddress() && sa.GetPortValue() == admin.GetPortValue() {
+				return c
+			}
+		}
+	}
+	return nil
+}
+
+// isStatsHCM reports whether h routes to the admin cluster: the listener
+// that serves Envoy's metrics to Prometheus.
+func isStatsHCM(b *bootstrapv3.Bootstrap, h *hcmv3.HttpConnectionManager) bool {
+	admin := adminCluster(b)
+	if admin == nil {
+		return false
+	}
+	for _, vh := range h.GetRouteConfig().GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			if r.GetRoute().GetCluster() == admin.GetName() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// checkStatsHCM checks the metrics listener exposes exactly statsPath of
+// the admin API: the rest of it can stop Envoy or change its state.
+func checkStatsHCM(p *problems, name string, b *bootstrapv3.Bootstrap, h *hcmv3.HttpConnectionManager) {
+	for _, vh := range h.GetRouteConfig().GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			if r.GetMatch().GetPath() != statsPath {
+				p.add("%s: the admin API is reachable beyond loopback through a route matching %q; expose only path %s", name, routePath(r), statsPath)
+			}
+		}
+	}
+}
+
+// checkRequestID checks the access log prints the x-request-id Envoy gives
+// each request, which extauthz's decision log and spans carry too.
+func checkRequestID(p *problems, name string, h *hcmv3.HttpConnectionManager) {
+	if !h.GetGenerateRequestId().GetValue() && h.GetGenerateRequestId() != nil {
+		p.add("%s: generate_request_id is off: requests reach extauthz without an x-request-id", name)
+	}
+	logs := h.GetAccessLog()
+	if len(logs) == 0 {
+		p.add("%s: no access log: a 503 or 429 cannot be followed from Envoy to extauthz", name)
+	}
+	for _, al := range logs {
+		sl, ok := unpack[*streamv3.StdoutAccessLog](al.GetTypedConfig())
+		if !ok {
+			continue
+		}
+		format, _ := protojson.Marshal(sl.GetLogFormat())
+		if !strings.Contains(strings.ToUpper(string(format)), "%REQ(X-REQUEST-ID)%") {
+			p.add("%s: access log %s does not print %%REQ(X-REQUEST-ID)%%, the id extauthz's decision log and spans carry", name, al.GetName())
+		}
+	}
+}
+
+// checkOverload checks the edge protections of Envoy's best practices: a
+// heap monitor that makes Envoy shrink its heap, then refuse new requests,
+// before the container's memory limit is reached.
+func checkOverload(p *problems, name string, b *bootstrapv3.Bootstrap) {
+	om := b.GetOverloadManager()
+	const heap = "envoy.resource_monitors.fixed_heap"
+	if fixedHeapBytes(b) == 0 {
+		p.add("%s: overload_manager has no %s monitor with max_heap_size_bytes", name, heap)
+	}
+	for _, action := range []string{"envoy.overload_actions.shrink_heap", "envoy.overload_actions.stop_accepting_requests"} {
+		found := false
+		for _, a := range om.GetActions() {
+			for _, tr := range a.GetTriggers() {
+				if a.GetName() == action && tr.GetName() == heap && tr.GetThreshold().GetValue() > 0 && tr.GetThreshold().GetValue() < 1 {
+					found = true
+				}
+			}
+		}
+		if !found {
+			p.add("%s: overload_manager has no %s action triggered by %s", name, action, heap)
+		}
+	}
+}
+
+// fixedHeapBytes returns the fixed_heap monitor's max_heap_size_bytes, 0
+// when there is none.
+func fixedHeapBytes(b *bootstrapv3.Bootstrap) uint64 {
+	for _, m := range b.GetOverloadManager().GetResourceMonitors() {
+		if fh, ok := unpack[*fixedheapv3.FixedHeapConfig](m.GetTypedConfig()); ok && m.GetName() == "envoy.resource_monitors.fixed_heap" {
+			return fh.GetMaxHeapSizeBytes()
+		}
+	}
+	return 0
 }
 
 // explicitFailureMode reports, for each ext_authz typed_config in the YAML,
@@ -286,10 +413,16 @@ func checkHCM(p *problems, name string, raw []byte, b *bootstrapv3.Bootstrap, h 
 	if sc.usesRedis() && timeout <= breakerVerdict {
 		p.add("%s: ext_authz timeout %v leaves extauthz no time to tell a frozen Redis (%v) and answer from its fallback", name, timeout, breakerVerdict)
 	}
+	if ea.GetStatPrefix() != "" {
+		p.add("%s: ext_authz stat_prefix %q renames its counters; the alerts and dashboard read envoy_http_ext_authz_* (docs/alerts.md)", name, ea.GetStatPrefix())
+	}
 	clusterName := gs.GetEnvoyGrpc().GetClusterName()
 	if clusterName == "" {
 		p.add("%s: ext_authz grpc_service must use envoy_grpc with a cluster_name", name)
 		return
+	}
+	if clusterName != extAuthzCluster {
+		p.add("%s: the ext_authz cluster is %q; the alerts and dashboard read it as envoy_cluster_name=%q", name, clusterName, extAuthzCluster)
 	}
 	checkExtAuthzCluster(p, name, b, clusterName, sc)
 
@@ -464,6 +597,18 @@ func checkExtAuthzCluster(p *problems, name string, b *bootstrapv3.Bootstrap, cl
 	opts, ok := unpack[*httpv3.HttpProtocolOptions](c.GetTypedExtensionProtocolOptions()[httpOptionsKey])
 	if !ok || opts.GetExplicitHttpConfig().GetHttp2ProtocolOptions() == nil {
 		p.add("%s: cluster %s is not HTTP/2 (typed_extension_protocol_options %s explicit_http_config.http2_protocol_options): gRPC needs it", name, clusterName, httpOptionsKey)
+	}
+	var th *clusterv3.CircuitBreakers_Thresholds
+	for _, t := range c.GetCircuitBreakers().GetThresholds() {
+		if t.GetPriority() == corev3.RoutingPriority_DEFAULT {
+			th = t
+		}
+	}
+	switch {
+	case th == nil || th.GetMaxRequests() == nil || th.GetMaxPendingRequests() == nil:
+		p.add("%s: cluster %s: set circuit_breakers max_requests and max_pending_requests, sized for %d Checks in flight (docs/deploying.md)", name, clusterName, checksInFlight)
+	case th.GetMaxRequests().GetValue() < checksInFlight:
+		p.add("%s: cluster %s: circuit_breakers max_requests %d is below the %d Checks in flight it is sized for", name, clusterName, th.GetMaxRequests().GetValue(), checksInFlight)
 	}
 	listen, err := sc.grpcEndpoint()
 	if err != nil {

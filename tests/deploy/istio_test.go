@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"regexp"
+
 	"google.golang.org/protobuf/encoding/protojson"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networkingistio "istio.io/api/networking/v1"
@@ -23,6 +25,7 @@ const meshConfigFile = "k8s/istio/mesh-config.yaml"
 type meshInfo struct {
 	providers        map[string]*meshv1alpha1.MeshConfig_ExtensionProvider_EnvoyExternalAuthorizationGrpcProvider
 	explicitFailOpen map[string]bool
+	statsMatcher     *meshv1alpha1.ProxyConfig_ProxyStatsMatcher
 }
 
 // loadMeshConfig decodes k8s/istio/mesh-config.yaml, failing t if it does
@@ -69,6 +72,7 @@ func parseMeshConfig(data []byte) (*meshInfo, error) {
 		providers:        map[string]*meshv1alpha1.MeshConfig_ExtensionProvider_EnvoyExternalAuthorizationGrpcProvider{},
 		explicitFailOpen: map[string]bool{},
 	}
+	m.statsMatcher = mc.GetDefaultConfig().GetProxyStatsMatcher()
 	for _, p := range mc.GetExtensionProviders() {
 		if g := p.GetEnvoyExtAuthzGrpc(); g != nil {
 			m.providers[p.GetName()] = g
@@ -90,7 +94,43 @@ func TestMeshConfig(t *testing.T) {
 	for name, g := range m.providers {
 		checkProvider(&p, name, g, m.explicitFailOpen[name])
 	}
+	checkStatsMatcher(&p, m.statsMatcher)
 	p.report(t)
+}
+
+// extAuthzStats are names Istio's proxies give the ext_authz filter's
+// counters (an inbound listener's HTTP connection manager, and the route's
+// cluster): the alerts need them exported.
+var extAuthzStats = []string{
+	"http.inbound_0.0.0.0_8080.ext_authz.error",
+	"http.inbound_0.0.0.0_8080.ext_authz.failure_mode_allowed",
+	"cluster.inbound|8080||.ext_authz.denied",
+}
+
+// checkStatsMatcher checks the mesh's proxyStatsMatcher lets the ext_authz
+// counters through: Istio's proxies drop most Envoy stats by default.
+// Envoy's regexes are RE2, as Go's are.
+func checkStatsMatcher(p *problems, sm *meshv1alpha1.ProxyConfig_ProxyStatsMatcher) {
+	for _, stat := range extAuthzStats {
+		kept := false
+		for _, prefix := range sm.GetInclusionPrefixes() {
+			kept = kept || strings.HasPrefix(stat, prefix)
+		}
+		for _, suffix := range sm.GetInclusionSuffixes() {
+			kept = kept || strings.HasSuffix(stat, suffix)
+		}
+		for _, re := range sm.GetInclusionRegexps() {
+			rx, err := regexp.Compile("^(?:" + re + ")$")
+			if err != nil {
+				p.add("%s: proxyStatsMatcher regexp %q: %v", meshConfigFile, re, err)
+				continue
+			}
+			kept = kept || rx.MatchString(stat)
+		}
+		if !kept {
+			p.add("%s: defaultConfig.proxyStatsMatcher does not export %s: the Envoy-side alerts would see nothing", meshConfigFile, stat)
+		}
+	}
 }
 
 func checkProvider(p *problems, name string, g *meshv1alpha1.MeshConfig_ExtensionProvider_EnvoyExternalAuthorizationGrpcProvider, explicitFailOpen bool) {
@@ -115,6 +155,11 @@ func checkProvider(p *problems, name string, g *meshv1alpha1.MeshConfig_Extensio
 // checkIstio checks the Istio resources of an apply set against each other,
 // the mesh config, and the pods they select.
 func checkIstio(p *problems, s *set, mesh *meshInfo) {
+	for _, pod := range s.pods {
+		if pod.extauthz != nil && inMesh(s, pod) && pod.annotations[nativeSidecarAnnotation] != "true" {
+			p.add("Deployment %s: runs extauthz in Istio's mesh without %s: \"true\": its probes go through istio-proxy, which would start after it", pod.deployment, nativeSidecarAnnotation)
+		}
+	}
 	for _, o := range s.objs {
 		switch spec := o.spec.(type) {
 		case *securityistio.AuthorizationPolicy:
@@ -239,6 +284,20 @@ func checkCustomPolicy(p *problems, s *set, mesh *meshInfo, o *object, ap *secur
 			p.add("%s: Service %s port %d does not reach extauthz's listen.grpc %s in %s", o, svcName, port, pod.extauthz.Listen.GRPC, pod.deployment)
 		}
 	}
+}
+
+// nativeSidecarAnnotation makes Istio inject istio-proxy as a native
+// sidecar (Istio 1.24+).
+const nativeSidecarAnnotation = "sidecar.istio.io/nativeSidecar"
+
+// inMesh reports whether Istio injects a proxy into pod: by its label, or
+// by its namespace's istio-injection label.
+func inMesh(s *set, pod *podInfo) bool {
+	if pod.labels["sidecar.istio.io/inject"] == "true" {
+		return true
+	}
+	ns := s.find("Namespace", pod.namespace)
+	return ns != nil && ns.meta.Labels["istio-injection"] == "enabled"
 }
 
 func serviceEntryFor(s *set, host string) *networkingistio.ServiceEntry {

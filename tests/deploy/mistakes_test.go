@@ -44,7 +44,7 @@ func TestEnvoyChecksCatchMistakes(t *testing.T) {
 			want: "grpc_service.timeout is 2s"},
 		{name: "default status on error", files: plain, old: "status_on_error: {code: ServiceUnavailable}", new: "",
 			want: "status_on_error is 0"},
-		{name: "request body", files: plain, old: "stat_prefix: extauthz", new: "stat_prefix: extauthz\n                      with_request_body: {max_request_bytes: 1024}",
+		{name: "request body", files: plain, old: "transport_api_version: V3", new: "transport_api_version: V3\n                      with_request_body: {max_request_bytes: 1024}",
 			want: "with_request_body is set"},
 		{name: "context typo", files: plain, old: "context_extensions: {route: orders}", new: "context_extensions: {route: order}",
 			want: "select no extauthz policy"},
@@ -62,6 +62,24 @@ func TestEnvoyChecksCatchMistakes(t *testing.T) {
 			want: "router.v3.Routr", loadFailed: true},
 		{name: "ValidateAll", files: plain, old: "connect_timeout: 0.25s", new: "connect_timeout: 0s",
 			want: "ConnectTimeout", loadFailed: true},
+		{name: "stat prefix", files: plain, old: "transport_api_version: V3", new: "transport_api_version: V3\n                      stat_prefix: authz",
+			want: `stat_prefix "authz" renames its counters`},
+		{name: "no request id in the access log", files: plain, old: `request_id: "%REQ(X-REQUEST-ID)%"`, new: "",
+			want: "does not print %REQ(X-REQUEST-ID)%"},
+		{name: "request ids off", files: jwt, old: "generate_request_id: true", new: "generate_request_id: false",
+			want: "generate_request_id is off"},
+		{name: "small circuit breaker", files: plain, old: "max_requests: 1024", new: "max_requests: 100",
+			want: "max_requests 100 is below the 1000 Checks in flight"},
+		{name: "no circuit breaker", files: jwt, old: "max_pending_requests: 1024", new: "",
+			want: "set circuit_breakers max_requests and max_pending_requests"},
+		{name: "no heap action", files: plain, old: "name: envoy.overload_actions.shrink_heap", new: "name: envoy.overload_actions.reduce_timeouts",
+			want: "no envoy.overload_actions.shrink_heap action"},
+		{name: "no heap monitor", files: jwt, old: "max_heap_size_bytes: 201326592", new: "",
+			want: "no envoy.resource_monitors.fixed_heap monitor"},
+		{name: "unbounded connection buffers", files: plain, old: "per_connection_buffer_limit_bytes: 32768\n      filter_chains:", new: "filter_chains:",
+			want: "listener ingress: set per_connection_buffer_limit_bytes"},
+		{name: "whole admin API exposed", files: plain, old: "match: {path: /stats/prometheus}", new: "match: {prefix: /}",
+			want: "the admin API is reachable beyond loopback"},
 		{name: "claims not forwarded", files: jwt, old: "metadata_context_namespaces: [envoy.filters.http.jwt_authn]", new: "",
 			want: "metadata_context_namespaces lacks envoy.filters.http.jwt_authn"},
 		{name: "bearer keys with JWTs", files: jwt, inSidecar: true, old: "bearer: false", new: "bearer: true",
@@ -194,6 +212,12 @@ func TestManifestChecksCatchMistakes(t *testing.T) {
 			"number: 9001", "number: 9002", "has no GRPC port 9001"},
 		{"shared Service port", "istio-shared", "k8s/istio/shared/extauthz.yaml",
 			"targetPort: grpc, appProtocol: grpc", "targetPort: admin, appProtocol: grpc", "does not reach extauthz's listen.grpc"},
+		{"Istio probes deadlock", "istio-same-pod", "k8s/istio/same-pod/deployment.yaml",
+			`sidecar.istio.io/nativeSidecar: "true"`, `sidecar.istio.io/nativeSidecar: "false"`, "without sidecar.istio.io/nativeSidecar"},
+		{"shared: no native sidecar", "istio-shared", "k8s/istio/shared/extauthz.yaml",
+			`sidecar.istio.io/nativeSidecar: "true"`, ``, "without sidecar.istio.io/nativeSidecar"},
+		{"Envoy heap above its memory limit", "sidecar", "k8s/sidecar/envoy-config.yaml",
+			"max_heap_size_bytes: 201326592", "max_heap_size_bytes: 536870912", "is not below the container's memory limit"},
 		{"shared extauthz open", "istio-shared", "k8s/istio/shared/security.yaml",
 			"action: ALLOW", "action: AUDIT", "a shared extauthz needs an Istio ALLOW AuthorizationPolicy"},
 		{"EnvoyFilter domain", "istio-ratelimit", "k8s/istio/ratelimit/envoyfilter.yaml",
@@ -270,6 +294,7 @@ func TestMeshConfigChecksCatchMistakes(t *testing.T) {
 		{"unknown field", "failOpen: false\n        # When", "failOpn: false\n        # When", "unknown field"},
 		{"implicit failOpen", "failOpen: false\n        # When", "# When", "state failOpen explicitly"},
 		{"slow", "timeout: 0.2s\n        # Fail", "timeout: 5s\n        # Fail", "timeout 5s"},
+		{"ext_authz stats dropped", `- ".*ext_authz.*"`, `- ".*ext_auth$"`, "does not export http.inbound_0.0.0.0_8080.ext_authz.error"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			text := edit(t, readFile(t, repoPath(t, meshConfigFile)), tc.old, tc.new)
@@ -281,6 +306,7 @@ func TestMeshConfigChecksCatchMistakes(t *testing.T) {
 				for name, g := range m.providers {
 					checkProvider(&p, name, g, m.explicitFailOpen[name])
 				}
+				checkStatsMatcher(&p, m.statsMatcher)
 			}
 			if !p.has(tc.want) {
 				t.Errorf("no problem mentions %q; got %q", tc.want, p.list)

@@ -19,13 +19,15 @@ const grpcHealthService = "envoy.service.auth.v3.Authorization"
 // podInfo is what checkDeployment learned about a pod template, for the
 // checks that span objects (Istio providers, isolation).
 type podInfo struct {
-	deployment string
-	labels     map[string]string
-	spec       *corev1.PodSpec
-	extauthz   *sidecarConfig // nil: no extauthz container
-	grpcPort   int32          // extauthz's gRPC containerPort
-	sameEnvoy  bool           // an Envoy container in the pod calls it
-	alone      bool           // extauthz is the only container
+	deployment  string
+	namespace   string
+	labels      map[string]string
+	annotations map[string]string
+	spec        *corev1.PodSpec
+	extauthz    *sidecarConfig // nil: no extauthz container
+	grpcPort    int32          // extauthz's gRPC containerPort
+	sameEnvoy   bool           // an Envoy container in the pod calls it
+	alone       bool           // extauthz is the only container
 }
 
 // imageRepo returns an image reference without its tag or digest.
@@ -88,7 +90,7 @@ func checkDeployment(p *problems, s *set, d *object) *podInfo {
 	dep := d.k8s.(*appsv1.Deployment)
 	tpl := &dep.Spec.Template
 	spec := &tpl.Spec
-	info := &podInfo{deployment: d.meta.Name, labels: tpl.Labels, spec: spec}
+	info := &podInfo{deployment: d.meta.Name, namespace: d.meta.Namespace, labels: tpl.Labels, annotations: tpl.Annotations, spec: spec}
 	if dep.Spec.Selector == nil || !selects(dep.Spec.Selector.MatchLabels, tpl.Labels) {
 		p.add("%s: spec.selector does not match the pod template's labels", d)
 	}
@@ -366,6 +368,13 @@ func checkExtauthzContainer(p *problems, s *set, d *object, volumes map[string]*
 	for i := range c.Env {
 		env[c.Env[i].Name] = &c.Env[i]
 	}
+	// The environment wins over the file, as in extauthz serve.
+	if e := env["EXTAUTHZ_LISTEN_GRPC"]; e != nil && e.Value != "" {
+		sc.Listen.GRPC = e.Value
+	}
+	if e := env["EXTAUTHZ_LISTEN_ADMIN"]; e != nil && e.Value != "" {
+		sc.Listen.Admin = e.Value
+	}
 	fromField := func(n, path string) {
 		if e := env[n]; e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != path {
 			p.add("%s: env %s must come from the downward API (fieldRef %s)", name, n, path)
@@ -485,6 +494,10 @@ func checkEnvoyContainer(p *problems, s *set, d *object, spec *corev1.PodSpec, v
 		return b
 	}
 	checkBootstrap(p, where, []byte(text), b, sc)
+	// The overload manager must act before the kubelet's OOM killer does.
+	if heap, limit := fixedHeapBytes(b), c.Resources.Limits.Memory().Value(); heap > 0 && limit > 0 && int64(heap) >= limit {
+		p.add("%s: overload manager max_heap_size_bytes %d is not below the container's memory limit %d: the OOM killer acts first", where, heap, limit)
+	}
 
 	for _, l := range b.GetStaticResources().GetListeners() {
 		port := int32(l.GetAddress().GetSocketAddress().GetPortValue())
@@ -492,8 +505,14 @@ func checkEnvoyContainer(p *problems, s *set, d *object, spec *corev1.PodSpec, v
 			p.add("%s: Envoy listener %s on port %d is not a declared container port", name, l.GetName(), port)
 		}
 	}
-	// Clusters on loopback reach containers in this pod: each must be one.
+	// Clusters on loopback reach containers in this pod: each must be one,
+	// but for the one that reaches Envoy's own admin listener (the metrics
+	// listener's), which is not a container port.
+	admin := adminCluster(b)
 	for _, cl := range b.GetStaticResources().GetClusters() {
+		if cl == admin {
+			continue
+		}
 		for _, sa := range socketAddresses(cl) {
 			if sa.GetAddress() != "127.0.0.1" && sa.GetAddress() != "::1" && sa.GetAddress() != "localhost" {
 				continue

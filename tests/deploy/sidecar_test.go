@@ -27,7 +27,10 @@ type sidecarConfig struct {
 	} `json:"redis"`
 	DefaultMode   string `json:"default_mode"`
 	IPTrustedHops int    `json:"ip_trusted_hops"`
-	Clients       struct {
+	Fallback      struct {
+		MinPeers *int64 `json:"min_peers"`
+	} `json:"fallback"`
+	Clients struct {
 		Header string     `json:"header"`
 		Bearer *bool      `json:"bearer"`
 		Keys   []struct{} `json:"keys"`

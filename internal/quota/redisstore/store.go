@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/tracing"
 )
 
 // ErrStoreDown is returned without calling Redis while the store is marked
@@ -216,6 +217,7 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 		s.opts.Metrics.Calls.WithLabelValues(op, resultOf(err)).Inc()
 		s.suspect(err)
 	}
+	tracing.RedisCall(ctx, op, start, done, err) // a child of the Check's span, when one records
 	return v, err
 }
 
