@@ -32,16 +32,18 @@ const (
 	// StartFresh hands a key nothing is known about a full share: Redis
 	// is down, or the call that failed certainly did not run.
 	StartFresh Start = iota
-	// StartEmpty starts such a key from an empty share, refilling at the
-	// share's rate: the call that failed may have run, and spent what a
-	// fresh share would hand out again.
+	// StartEmpty starts such a key from a share that was empty when the
+	// failed call was sent (Take's sent) and has refilled at the policy's
+	// rate since: the call may have run, and spent what a fresh share
+	// would hand out again.
 	StartEmpty
 )
 
 // Take decides n units of key under l's share among peers at now. level,
 // when known, is what Redis last reported for the key; start says how a
-// key with no level and no count of its own begins.
-func (f *Fallback) Take(key string, l quota.Limit, n, peers int64, now time.Time, level *Level, start Start) (quota.Decision, error) {
+// key with no level and no count of its own begins, and sent (StartEmpty)
+// when the call that failed was sent.
+func (f *Fallback) Take(key string, l quota.Limit, n, peers int64, now time.Time, level *Level, start Start, sent time.Time) (quota.Decision, error) {
 	fl := quota.Share(l, peers)
 	ns := now.UnixNano()
 	sh := f.table.Lock(key)
@@ -50,7 +52,7 @@ func (f *Fallback) Take(key string, l quota.Limit, n, peers int64, now time.Time
 	case level != nil:
 		s.CapToShare(l, fl, ns, peers, level.Remaining, level.At.UnixNano())
 	case start == StartEmpty && !s.Counting(fl):
-		s.CapToShare(l, fl, ns, peers, 0, ns)
+		s.CapToShare(l, fl, ns, peers, 0, min(sent.UnixNano(), ns))
 	}
 	d, err := s.Take(fl, n, ns)
 	sh.Unlock()

@@ -32,6 +32,10 @@ type Resilient struct {
 	fallback *local.Fallback
 	peers    PeerCounter
 	breaker  Breaker
+	// clock measures how long a failed call took (time.Now; tests fix
+	// it): a call that may have run leaves its key's share empty as of
+	// when it was sent, refilled since (local.StartEmpty).
+	clock func() time.Time
 }
 
 var _ quota.Limiter = (*Resilient)(nil)
@@ -50,11 +54,12 @@ type Breaker interface {
 // the primary recorded, fallback the buckets it falls back to, peers the
 // replica count, breaker the judge of whether a failed call was an outage.
 func NewResilient(primary quota.Limiter, levels LevelSource, fallback *local.Fallback, peers PeerCounter, breaker Breaker) *Resilient {
-	return &Resilient{primary: primary, levels: levels, fallback: fallback, peers: peers, breaker: breaker}
+	return &Resilient{primary: primary, levels: levels, fallback: fallback, peers: peers, breaker: breaker, clock: time.Now}
 }
 
 // Take implements quota.Limiter. It returns an error only when ctx is done.
 func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
+	sent := r.clock()
 	d, err := r.primary.Take(ctx, key, l, n, now)
 	if err == nil {
 		return d, nil
@@ -92,11 +97,16 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 	if lv, ok := r.levels.Level(key); ok {
 		level = &lv
 	}
-	start := local.StartFresh
+	start, sentAt := local.StartFresh, now
 	if ran {
+		// Empty when the call was sent (now), and refilled while it
+		// failed: the fallback decides once the failure is known. (Else a
+		// request whose own call failed in flight would be denied by a
+		// share emptied that instant, whatever the policy's rate.)
 		start = local.StartEmpty
+		now = now.Add(max(r.clock().Sub(sent), 0))
 	}
-	d, err = r.fallback.Take(key, l, n, r.peers.Count(), now, level, start)
+	d, err = r.fallback.Take(key, l, n, r.peers.Count(), now, level, start, sentAt)
 	if err != nil {
 		return quota.Decision{}, err
 	}

@@ -40,7 +40,9 @@ func newResilientOn(t *testing.T, counts *local.Table, primary quota.Limiter, pe
 	if s, ok := primary.(*scripted); ok {
 		s.table = levels
 	}
-	return NewResilient(primary, levels, local.NewFallback(counts), peers, breaker)
+	r := NewResilient(primary, levels, local.NewFallback(counts), peers, breaker)
+	r.clock = func() time.Time { return t0 } // calls take no time, unless a test says
+	return r
 }
 
 // scripted is a primary limiter that answers from Redis (remaining units
@@ -185,6 +187,46 @@ func TestFallbackAfterAFailedCallStartsEmpty(t *testing.T) {
 	// A transient failure does not reset what the fallback already spent.
 	if got := admitsAt(t, timedOut, "other", l, t0); got != 0 {
 		t.Fatalf("after a timeout, a key whose share is spent: %d admitted, want 0", got)
+	}
+}
+
+// A call that may have run leaves its key's share empty as of when it was
+// sent, refilled while the call failed: the request that sent it is
+// decided when the failure is known. At 10,000 a second a failure that
+// took 40ms has refilled 400 units, 200 for a share of two; at 90 a minute
+// (a unit every 667ms) it has refilled none, and after 4s six, three for
+// the share.
+func TestFailedCallRefillsWhileItFails(t *testing.T) {
+	for _, tc := range []struct {
+		l    quota.Limit
+		took time.Duration
+		want int
+	}{
+		{quota.Limit{Limit: 10_000, Window: time.Second, OnError: quota.ErrorFallback}, 40 * time.Millisecond, 200},
+		{quota.Limit{Limit: 90, Window: time.Minute, OnError: quota.ErrorFallback}, 40 * time.Millisecond, 0},
+		{quota.Limit{Limit: 90, Window: time.Minute, OnError: quota.ErrorFallback}, 4 * time.Second, 3},
+	} {
+		counts, _ := local.NewTable(100)
+		r := newResilientOn(t, counts, &scripted{fail: context.DeadlineExceeded}, fixedPeers(2), redisUp)
+		calls := 0 // the first call fails after tc.took, the later ones at once
+		r.clock = func() time.Time {
+			calls++
+			if calls == 2 {
+				return t0.Add(tc.took)
+			}
+			return t0
+		}
+		d, err := r.Take(context.Background(), "k", tc.l, 1, t0)
+		if err != nil || d.Degraded != quota.DegradedFallback || d.Allowed != (tc.want > 0) {
+			t.Fatalf("%+v, a call failing after %v: %+v %v; want allowed %v", tc.l, tc.took, d, err, tc.want > 0)
+		}
+		got := 0
+		if d.Allowed {
+			got = 1 + admitsAt(t, r, "k", tc.l, t0.Add(tc.took))
+		}
+		if got != tc.want {
+			t.Fatalf("%+v, a call failing after %v: %d admitted, want %d", tc.l, tc.took, got, tc.want)
+		}
 	}
 }
 
