@@ -43,7 +43,7 @@ type LevelSource interface {
 
 // Breaker tells whether a failed call was Redis going down (Store).
 type Breaker interface {
-	AwaitVerdict(ctx context.Context) (down bool)
+	AwaitVerdict(ctx context.Context, partition string) (down bool)
 }
 
 // NewResilient returns primary with the behaviour above: levels are what
@@ -70,7 +70,7 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		// a slow moment should not cost a decision made without Redis.
 		// (A call that ran and is asked again spends twice: the replicas
 		// then admit less, never more.)
-		if down = r.breaker.AwaitVerdict(ctx); !down && ctx.Err() == nil {
+		if down = r.breaker.AwaitVerdict(ctx, key); !down && ctx.Err() == nil {
 			if d, err2 := r.primary.Take(ctx, key, l, n, now); err2 == nil {
 				return d, nil
 			} else if errors.Is(err2, ErrStoreDown) {
