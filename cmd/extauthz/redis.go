@@ -110,7 +110,7 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 	p.hybrid = redisstore.NewHybrid(table, p.store, p.peers, redisstore.HybridOptions{SliceIdle: cfg.Local.SliceIdle, Log: log})
 	fallback := local.NewFallback(counts)
 	p.redisMode = redisstore.NewResilient(redisstore.NewRedis(p.store, table), table, fallback, p.peers, p.store)
-	p.hybridMode = redisstore.NewResilient(p.hybrid, table, fallback, p.peers, p.store)
+	p.hybridMode = redisstore.NewResilient(p.hybrid, p.hybrid, fallback, p.peers, p.store)
 	return p, nil
 }
 

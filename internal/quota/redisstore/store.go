@@ -235,10 +235,11 @@ type lease struct {
 
 // lease takes between need and want tokens of partition's bucket under l,
 // or none when fewer than need remain (want 0, need 1 asks without
-// taking).
-func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, want, need int64) (lease, error) {
+// taking), after charging debt: tokens admitted without Redis (see
+// Table.Owe).
+func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, want, need, debt int64) (lease, error) {
 	v, err := s.run(ctx, "lease", bucketLease, []string{s.key(partition)},
-		intervalMicros(l), l.Capacity(), want, need, s.nowArg(time.Microsecond))
+		intervalMicros(l), l.Capacity(), want, need, s.nowArg(time.Microsecond), debt)
 	if err != nil {
 		return lease{}, err
 	}
