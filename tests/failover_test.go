@@ -292,12 +292,13 @@ func runFailover(t *testing.T, c *testredis.Cluster, victim int, replicas []*sid
 	return res
 }
 
-// exactTokenBucket bounds what one exact token bucket (capacity burst, a
+// exactTokenBucket is what one exact token bucket (capacity burst, a
 // token every interval, full at the key's first decision) admits for a
-// key's arrivals. Each decision happened at an instant between when its
-// request was sent and when its answer came back; the bucket is fed the
-// arrivals in order at their sending instants and again at their answers,
-// and the two counts bound it.
+// key's arrivals, fed once at the instants the requests were sent and
+// once at the instants their answers came back. Each decision happened
+// somewhere in between, so the exact count is within a token or so of
+// both: decisions take milliseconds and a token comes every 600ms. The
+// lower and the higher count are returned.
 func exactTokenBucket(as []arrival, burst int, interval time.Duration) (lo, hi int) {
 	count := func(at func(arrival) time.Duration) int {
 		ts := make([]time.Duration, len(as))
