@@ -80,13 +80,13 @@ func NewClients(o ClientOptions) (*Clients, error) {
 		// after a failed one, but without sleeping between attempts.
 		MinRetryBackoff: -1,
 		MaxRetryBackoff: -1,
-		// At most PoolSize connections per server, batches included
-		// (no separate pipeline pool, which would never be dialled
-		// ahead). One connection is dialled at start-up, so the first
-		// decisions do not wait for a dial.
+		// At most PoolSize connections per server, batches included:
+		// no separate pipeline pool, so the connection Store.Warm dials
+		// at start-up to load the scripts is the one the first
+		// decisions find idle. No MinIdleConns: it would dial one more
+		// that the autopipeliner, one batch at a time, never takes.
 		PoolSize:         o.PoolSize,
 		PipelinePoolSize: -1,
-		MinIdleConns:     1,
 		ClientName:       o.Name,
 	}
 	c := &Clients{nodeProbes: map[string]*redis.Client{}}
