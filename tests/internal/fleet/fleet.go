@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -98,6 +99,12 @@ type Result struct {
 	MemoryPerKey float64 // used_memory growth ÷ keys created by the MemoryKeys step, bytes
 	KeyBytes     float64 // MEMORY USAGE of sampled keys, bytes (the value alone)
 	Keys         int64   // keys in Redis at the end of the load (buckets expire once full again)
+
+	// DriverCPU is the cores this process (every simulated sidecar, the
+	// load and the measuring) used over the measured phase, of
+	// runtime.NumCPU: when it nears them the fleet's calls wait on the
+	// driver, not on Redis.
+	DriverCPU float64
 
 	HeartbeatsPerSec float64 // the whole fleet, idle phase
 	HeartbeatCPU     float64 // cores on the master holding the heartbeat set, idle phase
@@ -193,10 +200,11 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return res, err
 	}
 	measuring.Store(true)
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	idleWait(ctx, o.Duration)
 	measuring.Store(false)
 	elapsed := time.Since(start)
+	res.DriverCPU = (processCPU() - cpu0) / elapsed.Seconds()
 	snap1, err := snapshot(ctx, admins)
 	calls1, hist1, failed1 := callsOf(m), histogramOf(m), failedOf(m)
 	res.Goroutines = runtime.NumGoroutine()
@@ -484,6 +492,16 @@ func keyPicker(rng *rand.Rand, o Options) func() int {
 		return func() int { return int(z.Uint64()) }
 	}
 	return func() int { return rng.IntN(o.Keys) }
+}
+
+// processCPU is the CPU time this process has used, user and system, in
+// seconds.
+func processCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // idleWait waits d or until ctx ends. The fleet runs on real time:
