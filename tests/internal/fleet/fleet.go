@@ -7,7 +7,7 @@
 // CPU (INFO), connections, memory per key, the latency of Redis calls,
 // calls per decision, and the heartbeat set's load.
 //
-// It is test tooling: tests/fleet asserts bounds at N=100, and `make
+// It is test tooling: tests/fleet_test.go asserts bounds at N=100, and `make
 // bench-fleet` prints the table docs/capacity.md reports.
 package fleet
 

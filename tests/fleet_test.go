@@ -1,7 +1,11 @@
-// Package fleet_test runs the fleet driver (tests/internal/fleet): many
-// simulated sidecars against one real Redis, measuring what a fleet costs
-// it. `make bench-fleet` prints the larger table of docs/capacity.md.
-package fleet_test
+package tests
+
+// The fleet driver (tests/internal/fleet): many simulated sidecars against
+// one real Redis, measuring what a fleet costs it. `make bench-fleet`
+// prints the larger table of docs/capacity.md. It lives in this package,
+// not one of its own, so that `go test ./...` runs it after or before the
+// timing-sensitive end-to-end tests here, never beside them: a hundred
+// sidecars under the race detector take a good part of a 2-core machine.
 
 import (
 	"context"
