@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test test-unit lint fuzz redis-server nginx test-caddy bench bench-micro clean image test-deploy test-chart kind-up kind-load kind-apply kind-smoke kind-down demo
+.PHONY: all build run test test-unit lint fuzz redis-server nginx test-caddy bench bench-fleet bench-micro clean image test-deploy test-chart kind-up kind-load kind-apply kind-smoke kind-down demo
 IMAGE   ?= extauthz:dev
 
 # go-control-plane ships generated marshallers (vtprotobuf) behind this
@@ -72,9 +72,21 @@ nginx:
 
 # One table from one run: Check over gRPC for a no-op ceiling and the local,
 # hybrid and redis modes, Redis calls per 1,000 hybrid decisions, memory per
-# tracked key. Record results in docs/benchmarks.md.
+# tracked key. Record results in docs/benchmarks.md. Then the fleet table
+# (bench-fleet). Both run, one after the other so neither measures the
+# other's load, and the bench fails if either missed a target.
 bench: redis-server
-	$(GO) run ./tests/bench
+	@status=0; \
+	$(GO) run ./tests/bench || status=1; \
+	$(MAKE) --no-print-directory bench-fleet || status=1; \
+	exit $$status
+
+# Fleets of 10, 100 and 1,000 simulated sidecars against a standalone Redis
+# and a three-master Cluster, in redis and hybrid mode: Redis commands, CPU,
+# connections, memory per key, call latency, heartbeat load. Record results
+# in docs/capacity.md. About ten minutes.
+bench-fleet: redis-server
+	$(GO) run ./tests/benchfleet
 
 # In-process microbenchmarks (ns/op, allocs/op); the hybrid slice's needs
 # a redis-server to lease from.

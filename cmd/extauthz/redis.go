@@ -34,9 +34,7 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 
 // redisParts is everything that talks to Redis, in shutdown order.
 type redisParts struct {
-	client     redis.UniversalClient
-	probe      redis.UniversalClient
-	pipe       *redis.AutoPipeliner
+	clients    *redisstore.Clients
 	store      *redisstore.Store
 	table      *redisstore.Table
 	peers      *redisstore.Peers
@@ -59,43 +57,27 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 		}
 		password = v
 	}
-	opts := &redis.UniversalOptions{
+	co := redisstore.ClientOptions{
 		Addrs:    rc.Addrs,
 		Username: rc.Username,
 		Password: password,
-		// A decision never waits longer than the timeout; the store's
-		// breaker, not client retries, deals with failures: one dial
-		// attempt, no command retries.
-		DialTimeout:           max(rc.Timeout*5, 100*time.Millisecond),
-		DialerRetries:         1,
-		ReadTimeout:           rc.Timeout,
-		WriteTimeout:          rc.Timeout,
-		ContextTimeoutEnabled: true,
-		MaxRetries:            -1,
-		// A Cluster still follows MOVED and ASK, and tries another node
-		// after a failed one, but without sleeping between attempts.
-		MinRetryBackoff: -1,
-		MaxRetryBackoff: -1,
-		// A few connections dialled at start-up, so a first burst does
-		// not dial inside its decisions.
-		MinIdleConns: 4,
-		ClientName:   "extauthz",
+		Timeout:  rc.Timeout,
+		PoolSize: rc.PoolSize,
+		Name:     "extauthz",
 	}
 	if rc.TLS != nil {
 		tc, err := clientTLS(rc.TLS)
 		if err != nil {
 			return nil, err
 		}
-		opts.TLSConfig = tc
+		co.TLS = tc
 	}
 	redis.SetLogger(redisLog{log.With("component", "go-redis")})
-	client := redis.NewUniversalClient(opts)
-	// The breaker's probe has a connection of its own (one per node), so
-	// a pool full of slow decisions never delays the verdict on Redis.
-	probeOpts := *opts
-	probeOpts.PoolSize, probeOpts.MinIdleConns = 1, 0
-	probeOpts.ClientName = "extauthz-probe"
-	probe := redis.NewUniversalClient(&probeOpts)
+	clients, err := redisstore.NewClients(co)
+	if err != nil {
+		return nil, err
+	}
+	client := clients.Client
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	pingErr := client.Ping(ctx).Err()
@@ -104,8 +86,7 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 	case err == nil:
 		log.Info("redis connected", "addrs", strings.Join(rc.Addrs, ","), "cluster", len(rc.Addrs) > 1)
 	case isAuthError(err):
-		client.Close()
-		probe.Close()
+		clients.Close()
 		return nil, fmt.Errorf("redis %s refused the credentials (user %q, password from $%s): %v",
 			strings.Join(rc.Addrs, ","), rc.Username, rc.PasswordEnv, err)
 	default:
@@ -117,18 +98,8 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 	if err != nil {
 		return nil, err
 	}
-	// Decisions go through go-redis's autopipeliner: calls that arrive
-	// while others are in flight leave together, one write and one read
-	// for a batch, per Cluster node. A lone call leaves at once; a batch
-	// waits for nothing but the batch ahead of it.
-	pipe, err := client.AutoPipeline()
-	if err != nil {
-		client.Close()
-		probe.Close()
-		return nil, fmt.Errorf("redis autopipelining: %w", err)
-	}
-	p := &redisParts{client: client, probe: probe, pipe: pipe, table: table}
-	p.store = redisstore.NewStore(pipe, redisstore.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Probe: probe, Metrics: redisstore.NewMetrics(reg), Log: log})
+	p := &redisParts{clients: clients, table: table}
+	p.store = redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Metrics: redisstore.NewMetrics(reg), Log: log}))
 	if pingErr == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if werr := p.store.Warm(ctx); werr != nil {
@@ -140,7 +111,7 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 	p.hybrid = redisstore.NewHybrid(table, p.store, p.peers, redisstore.HybridOptions{SliceIdle: cfg.Local.SliceIdle, Log: log})
 	fallback := local.NewFallback(counts)
 	p.redisMode = redisstore.NewResilient(redisstore.NewRedis(p.store, table), table, fallback, p.peers, p.store)
-	p.hybridMode = redisstore.NewResilient(p.hybrid, table, fallback, p.peers, p.store)
+	p.hybridMode = redisstore.NewResilient(p.hybrid, p.hybrid, fallback, p.peers, p.store)
 	return p, nil
 }
 
@@ -167,9 +138,7 @@ func (p *redisParts) close(log *slog.Logger) {
 	p.resets.Close()
 	p.peers.Close(ctx)
 	p.store.Close()
-	p.pipe.Close()
-	if err := p.client.Close(); err != nil {
+	if err := p.clients.Close(); err != nil {
 		log.Warn("closing redis client", "error", err.Error())
 	}
-	p.probe.Close()
 }

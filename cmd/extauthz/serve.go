@@ -250,7 +250,7 @@ func newSidecar(cfg *config.Config, rc *rlsconfig.Config, f serveFlags, log *slo
 	if s.redis != nil {
 		// Resets through another replica's API reach this one (and
 		// this one's reach them) over Redis pub/sub.
-		s.redis.resets = redisstore.NewResets(s.redis.client, cfg.Redis.KeyPrefix, s.redis.peers.ID(), s.counters.ForgetAnnounced, time.Second, log)
+		s.redis.resets = redisstore.NewResets(s.redis.clients.Client, cfg.Redis.KeyPrefix, s.redis.peers.ID(), s.counters.ForgetAnnounced, time.Second, log)
 		s.counters.Publish = s.redis.resets.Publish
 	}
 	opts := check.ServerOptions()

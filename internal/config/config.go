@@ -131,6 +131,7 @@ type Redis struct {
 	TLS         *ClientTLS    // nil: plaintext
 	Timeout     time.Duration // per call
 	KeyPrefix   string
+	PoolSize    int // connections per Redis server (per Cluster master)
 }
 
 // Local holds the bounds of this process's per-key state.

@@ -53,6 +53,7 @@ type rawRedis struct {
 	TLS         rawClientTLS `yaml:"tls"`
 	Timeout     string       `yaml:"timeout"`
 	KeyPrefix   *string      `yaml:"key_prefix"`
+	PoolSize    int          `yaml:"pool_size"`
 }
 
 // rawClientTLS is `tls: true|false` or a mapping of TLS settings (which

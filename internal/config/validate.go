@@ -15,6 +15,15 @@ import (
 	"time"
 )
 
+// DefaultPoolSize is redis.pool_size left out: connections per Redis
+// server (per Cluster master) for decisions. Decisions are autopipelined
+// onto one connection; the rest are spare (docs/capacity.md). maxPoolSize
+// bounds it: more only spends Redis's maxclients.
+const (
+	DefaultPoolSize = 4
+	maxPoolSize     = 256
+)
+
 // Defaults for settings left out of the file.
 const (
 	DefaultGRPC       = "127.0.0.1:9001"
@@ -277,6 +286,7 @@ func validateRedis(r *rawRedis, errs *Errors, warnings *[]string) *Redis {
 		PasswordEnv: r.PasswordEnv,
 		Timeout:     DefaultTimeout,
 		KeyPrefix:   DefaultKeyPrefix,
+		PoolSize:    DefaultPoolSize,
 	}
 	if len(r.Addrs) == 0 {
 		errs.add("redis.addrs", "needs at least one host:port")
@@ -302,6 +312,12 @@ func validateRedis(r *rawRedis, errs *Errors, warnings *[]string) *Redis {
 		}
 	}
 	durationField(r.Timeout, "redis.timeout", &rc.Timeout, errs)
+	if r.PoolSize != 0 {
+		rc.PoolSize = r.PoolSize
+	}
+	if rc.PoolSize < 1 || rc.PoolSize > maxPoolSize {
+		errs.add("redis.pool_size", "%d must be between 1 and %d", r.PoolSize, maxPoolSize)
+	}
 	if r.KeyPrefix != nil {
 		rc.KeyPrefix = *r.KeyPrefix
 		if strings.ContainsAny(rc.KeyPrefix, "{}") {

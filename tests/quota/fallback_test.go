@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/extauthz/extauthz/internal/quota"
 	"github.com/extauthz/extauthz/internal/quota/local"
 	"github.com/extauthz/extauthz/internal/quota/redisstore"
@@ -33,12 +35,13 @@ func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 	}
 	table := newTable(t)
 	const peers = 3
-	primary := quota.Limiter(redisstore.NewRedis(store, table))
+	primary, levels := quota.Limiter(redisstore.NewRedis(store, table)), redisstore.LevelSource(table)
 	if mode == "hybrid" {
 		// The default idle time: it sizes the first slices (see below).
-		primary = redisstore.NewHybrid(table, store, fixedPeers(peers), redisstore.HybridOptions{SliceIdle: time.Second, Metrics: m, Log: quiet, Now: clk.Now})
+		h := redisstore.NewHybrid(table, store, fixedPeers(peers), redisstore.HybridOptions{SliceIdle: time.Second, Metrics: m, Log: quiet, Now: clk.Now})
+		primary, levels = h, h // as cmd/extauthz wires it
 	}
-	r := redisstore.NewResilient(primary, table, local.NewFallback(counts), fixedPeers(peers), store)
+	r := redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(peers), store)
 	l := quota.Limit{Limit: 90, Window: time.Minute, OnError: quota.ErrorFallback}
 	ctx := context.Background()
 
@@ -73,10 +76,12 @@ func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 	// of 7 (a quarter of the bucket over three replicas), then a sixth of
 	// what Redis holds as it runs low: 6 of 40, then 5 of 34, leaving 29.
 	// The 60th decision spent the fourth of those 5, so one is left in
-	// the slice, and a third of 29 is 9.
+	// the slice. The other two replicas may each have leased a slice of
+	// at most 7 since this one's last lease, so the fallback counts 29 −
+	// 2 × 7 = 15 in Redis, and a third of that is 5.
 	wantSlice, wantFallback := 0, 10
 	if mode == "hybrid" {
-		wantSlice, wantFallback = 1, 9
+		wantSlice, wantFallback = 1, 5
 	}
 	used, err := srv.Client().HGet(ctx, "rl:{k}", "used").Float64()
 	if err != nil {
@@ -99,5 +104,103 @@ func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 	clk.Advance(time.Minute)
 	if _, fallback := take(); fallback != 30 {
 		t.Fatalf("a window later the fallback admits %d, want the full share, a third of 90: 30", fallback)
+	}
+}
+
+// What the fallback admits while Redis cannot answer is charged to the
+// Redis bucket when it can again: a Redis that kept its state (here one
+// frozen with SIGSTOP; in a Cluster, the replica promoted in a failover)
+// refilled all along and would otherwise hand those tokens out a second
+// time. The breaker runs on real time (the freeze opens it, the thaw
+// closes it); the scripts run on the test's clock, which stands still, so
+// nothing refills meanwhile.
+func TestFallbackAdmissionsAreChargedToRedis(t *testing.T) {
+	for _, mode := range []string{"hybrid", "redis"} {
+		t.Run(mode, func(t *testing.T) { testFallbackCharged(t, mode) })
+	}
+}
+
+func testFallbackCharged(t *testing.T, mode string) {
+	srv := testredis.Start(t)
+	clk := newClock()
+	m := redisstore.NewMetrics(nil)
+	store := redisstore.NewStore(srv.Client(sidecarClient), redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet, Clock: clk.Now, Probe: srv.Client(sidecarClient)})
+	defer store.Close()
+	counts, err := local.NewTable(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := newTable(t)
+	primary, levels := quota.Limiter(redisstore.NewRedis(store, table)), redisstore.LevelSource(table)
+	if mode == "hybrid" {
+		h := redisstore.NewHybrid(table, store, fixedPeers(1), redisstore.HybridOptions{SliceIdle: time.Second, Metrics: m, Log: quiet, Now: clk.Now})
+		primary, levels = h, h
+	}
+	r := redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(1), store)
+	l := quota.Limit{Limit: 20, Window: time.Hour, OnError: quota.ErrorFallback}
+	ctx := context.Background()
+	rdb := srv.Client()
+	take := func() quota.Decision {
+		t.Helper()
+		d, err := r.Take(ctx, "k", l, 1, clk.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for i := 0; i < 4; i++ {
+		if d := take(); !d.Allowed || d.Degraded != 0 {
+			t.Fatalf("decision %d with Redis up: %+v", i, d)
+		}
+	}
+
+	srv.Freeze()
+	fallback := 0
+	for i := 0; fallback < 3; i++ {
+		if i > 50 {
+			t.Fatal("the fallback admitted fewer than 3 in 50 decisions")
+		}
+		if d := take(); d.Allowed && d.Degraded == quota.DegradedFallback {
+			fallback++
+		}
+	}
+	srv.Thaw()
+	deadline := time.Now().Add(5 * time.Second)
+	for testutil.ToFloat64(m.Up) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the store did not come back within 5s of the thaw")
+		}
+		time.Sleep(5 * time.Millisecond) // the store probes every 500ms while down
+	}
+
+	// Whatever Redis held now (hybrid leases ahead of spending), the next
+	// call to reach it charges the 3 admitted without it.
+	before, err := rdb.HGet(ctx, "rl:{k}", "used").Float64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	leased := testutil.ToFloat64(m.TokensLeased)
+	var d quota.Decision
+	for i := 0; ; i++ {
+		// Hybrid may still spend what its slice held before the
+		// freeze; the first decision that needs Redis leases.
+		if d = take(); testutil.ToFloat64(m.TokensLeased) != leased || mode == "redis" || i > 20 {
+			break
+		}
+	}
+	if !d.Allowed || d.Degraded != 0 {
+		t.Fatalf("after the thaw: %+v, want allowed by Redis", d)
+	}
+	granted := 1.0 // redis mode takes the decision's token
+	if mode == "hybrid" {
+		granted = testutil.ToFloat64(m.TokensLeased) - leased
+	}
+	after, err := rdb.HGet(ctx, "rl:{k}", "used").Float64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Redis counted %.0f tokens in use before the call, %.0f after: %.0f granted, %d charged", before, after, granted, 3)
+	if want := before + 3 + granted; after < want-0.01 || after > want+0.01 {
+		t.Fatalf("Redis counts %.2f tokens in use; want %.0f (%.0f before, 3 admitted by fallback, %.0f granted)", after, want, before, granted)
 	}
 }

@@ -3,8 +3,11 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -46,6 +49,23 @@ import (
 // Once open, calls fail at once with ErrStoreDown, calls in flight are
 // abandoned (their decisions fall back immediately rather than wait out
 // their timeouts), and a probe every ProbeEvery tests whether Redis is back.
+//
+// One breaker per master. A standalone Redis has one breaker, for the
+// whole store. A Redis Cluster fails one master at a time: a master that
+// dies takes its slots with it until a replica is promoted, while the
+// other masters serve theirs as before. So with a Router the store keeps
+// the evidence, the probe and the verdict above per master (a node,
+// named by its address): a call counts for the master that serves its
+// key's slot, a master's probe asks that master alone (on a connection of
+// its own, for a key it served), and only keys on a master marked down
+// fall back. While a master is down, each of its probe rounds also
+// reloads the slot map, so that once a replica has taken the slots over,
+// their keys route to the new master (a node of its own, with a closed
+// breaker) within a probe round; the old master is forgotten when the map
+// no longer names it for its slots. Keys never flap back to a dead master,
+// and each master's breaker opens at most once per failure. Before any
+// slot map is known (a cluster unreachable at start-up), the cluster as
+// a whole has one breaker, probed as a standalone server's is.
 
 // Breaker timing defaults (StoreOptions overrides them for tests).
 const (
@@ -57,7 +77,15 @@ const (
 // errStalled is the suspicion raised by the watch when calls stall.
 var errStalled = errors.New("redisstore: redis calls stalled")
 
-// outage is closed (its context canceled) when the store is marked down;
+// Router says which Redis Cluster master serves a key, so that the
+// breaker judges each master alone; *redis.ClusterClient satisfies it.
+type Router interface {
+	MasterForKey(ctx context.Context, key string) (*redis.Client, error)
+	// ReloadState asks for the slot map again, in the background.
+	ReloadState(ctx context.Context)
+}
+
+// outage is closed (its context canceled) when a node is marked down;
 // calls in flight watch it and give up at once.
 type outage struct {
 	ctx    context.Context
@@ -69,55 +97,158 @@ func newOutage() *outage {
 	return &outage{ctx: ctx, cancel: cancel}
 }
 
+// node is the breaker of one Redis server: the standalone server (or a
+// Cluster whose slot map is unknown), addr empty; or one Cluster master.
+type node struct {
+	addr  string
+	probe rediser // this node's probes; for a master, a client of its own
+	key   string  // a key this master served when first seen, for its probes
+
+	down   atomic.Bool
+	outage atomic.Pointer[outage] // canceled when the node is marked down
+
+	// The evidence: calls in flight, the last instant a call started with
+	// none pending or finished (unix ns), the last success.
+	inflight atomic.Int64
+	progress atomic.Int64
+	lastOK   atomic.Int64
+
+	// verdict is closed when the running confirmation probe has decided;
+	// nil while none runs.
+	verdictMu sync.Mutex
+	verdict   chan struct{}
+
+	lastProbe time.Time // the watch's last probe while down; the watch's alone
+}
+
+func newNode(addr string, probe rediser, key string) *node {
+	n := &node{addr: addr, probe: probe, key: key}
+	n.outage.Store(newOutage())
+	return n
+}
+
+// nodeFor returns the breaker that judges calls for key.
+func (s *Store) nodeFor(ctx context.Context, key string) *node {
+	r := s.opts.Router
+	if r == nil || s.whole.down.Load() {
+		// Standalone; or a Cluster that has never answered (no slot
+		// map): routing would only wait on it again.
+		return s.whole
+	}
+	m, err := r.MasterForKey(ctx, key)
+	if err != nil {
+		return s.whole
+	}
+	addr := m.Options().Addr
+	s.nodesMu.RLock()
+	n := s.nodes[addr]
+	s.nodesMu.RUnlock()
+	if n != nil {
+		return n
+	}
+	return s.addNode(addr, key)
+}
+
+// addNode starts judging the master at addr, first seen serving key.
+func (s *Store) addNode(addr, key string) *node {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	if n := s.nodes[addr]; n != nil {
+		return n
+	}
+	probe := s.probe
+	if s.opts.NodeProbe != nil {
+		probe = s.opts.NodeProbe(addr)
+	}
+	n := newNode(addr, probe, key)
+	s.nodes[addr] = n
+	if len(s.nodes) > 1 && !s.closed.Load() {
+		// A master appearing while we run (a promoted replica, a new
+		// shard) has no scripts loaded: load them before decisions pay a
+		// NOSCRIPT round trip each.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			s.Warm(ctx)
+		}()
+	}
+	return n
+}
+
+// eachNode calls fn for every node: the whole store's, then each master's.
+func (s *Store) eachNode(fn func(*node)) {
+	fn(s.whole)
+	if s.opts.Router == nil {
+		return
+	}
+	s.nodesMu.RLock()
+	nodes := make([]*node, 0, len(s.nodes))
+	for _, n := range s.nodes {
+		nodes = append(nodes, n)
+	}
+	s.nodesMu.RUnlock()
+	for _, n := range nodes {
+		fn(n)
+	}
+}
+
+// logAttrs names n in log records; the standalone server needs no name.
+func (n *node) logAttrs(args ...any) []any {
+	if n.addr != "" {
+		args = append(args, "node", n.addr)
+	}
+	return args
+}
+
 // begin records a call starting at ns.
-func (s *Store) begin(ns int64) {
-	if s.inflight.Add(1) == 1 {
-		s.progress.Store(ns) // nothing was pending: the stall clock starts now
+func (n *node) begin(ns int64) {
+	if n.inflight.Add(1) == 1 {
+		n.progress.Store(ns) // nothing was pending: the stall clock starts now
 	}
 }
 
 // end records a call finishing at ns, successfully or not.
-func (s *Store) end(ns int64, ok bool) {
-	s.inflight.Add(-1)
-	s.progress.Store(ns)
+func (n *node) end(ns int64, ok bool) {
+	n.inflight.Add(-1)
+	n.progress.Store(ns)
 	if ok {
-		s.lastOK.Store(ns)
+		n.lastOK.Store(ns)
 	}
 }
 
-// suspect starts a confirmation probe unless one is running or the store
-// is already down.
-func (s *Store) suspect(cause error) {
-	s.verdictMu.Lock()
-	if s.down.Load() || s.verdict != nil {
-		s.verdictMu.Unlock()
+// suspect starts a confirmation probe of n unless one is running or n is
+// already down.
+func (s *Store) suspect(n *node, cause error) {
+	n.verdictMu.Lock()
+	if n.down.Load() || n.verdict != nil {
+		n.verdictMu.Unlock()
 		return
 	}
 	done := make(chan struct{})
-	s.verdict = done
-	s.verdictMu.Unlock()
-	go s.confirm(cause, done)
+	n.verdict = done
+	n.verdictMu.Unlock()
+	go s.confirm(n, cause, done)
 }
 
-// confirm probes Redis on its own connection and opens the breaker if the
+// confirm probes n on its own connection and opens its breaker if the
 // probe fails and no call succeeded while it ran. It closes done when the
 // verdict is in.
-func (s *Store) confirm(cause error, done chan struct{}) {
+func (s *Store) confirm(n *node, cause error, done chan struct{}) {
 	defer func() {
-		s.verdictMu.Lock()
-		s.verdict = nil
-		s.verdictMu.Unlock()
+		n.verdictMu.Lock()
+		n.verdict = nil
+		n.verdictMu.Unlock()
 		close(done)
 	}()
 	timeout := s.opts.ProbeTimeout
 	for {
 		began := time.Now()
-		err := s.probeOnce(timeout)
+		err := s.probeOnce(n, timeout)
 		if err == nil {
 			s.opts.Metrics.Calls.WithLabelValues("confirm", "ok").Inc()
 			return
 		}
-		if s.lastOK.Load() >= began.UnixNano() {
+		if n.lastOK.Load() >= began.UnixNano() {
 			s.opts.Metrics.Calls.WithLabelValues("confirm", resultOf(err)).Inc()
 			return // a decision's call got through meanwhile: Redis answers
 		}
@@ -133,7 +264,7 @@ func (s *Store) confirm(cause error, done chan struct{}) {
 			continue
 		}
 		s.opts.Metrics.Calls.WithLabelValues("confirm", resultOf(err)).Inc()
-		s.markDown(cause, err)
+		s.markDown(n, cause, err)
 		return
 	}
 }
@@ -141,74 +272,103 @@ func (s *Store) confirm(cause error, done chan struct{}) {
 // tick is the watch's period.
 func (s *Store) tick() time.Duration { return max(s.opts.StallAfter/2, time.Millisecond) }
 
-// confirming reports whether a confirmation probe is running.
-func (s *Store) confirming() bool {
-	s.verdictMu.Lock()
-	defer s.verdictMu.Unlock()
-	return s.verdict != nil
-}
-
 // AwaitVerdict waits, at most until ctx is done, for the confirmation
-// probe that a failed call started, and reports whether the store is down.
-// A decision whose call failed asks it before falling back, so that a
-// real outage is answered as one (a fresh share for keys Redis never
-// reported on) and a failure while Redis is up is answered as what it may
-// be: a call that ran.
-func (s *Store) AwaitVerdict(ctx context.Context) (down bool) {
-	s.verdictMu.Lock()
-	done := s.verdict
-	s.verdictMu.Unlock()
+// probe that a failed call for partition started, and reports whether the
+// node serving partition is down. A decision whose call failed asks it
+// before falling back, so that a real outage is answered as one (a fresh
+// share for keys Redis never reported on) and a failure while Redis is up
+// is answered as what it may be: a call that ran. (If the slot map moved
+// partition to another master meanwhile, that master's verdict answers.)
+func (s *Store) AwaitVerdict(ctx context.Context, partition string) (down bool) {
+	n := s.nodeFor(ctx, s.key(partition))
+	n.verdictMu.Lock()
+	done := n.verdict
+	n.verdictMu.Unlock()
 	if done != nil {
 		select {
 		case <-done:
 		case <-ctx.Done():
 		}
 	}
-	return s.down.Load()
+	return n.down.Load()
 }
 
-// probeOnce runs one key command on the probe connection. It is a key
+// probeOnce runs one key command on n's probe connection. It is a key
 // command, not PING: a Redis Cluster that has lost a master still answers
-// PING but refuses keys with CLUSTERDOWN.
-func (s *Store) probeOnce(timeout time.Duration) error {
+// PING but refuses keys with CLUSTERDOWN. A master asked for a key whose
+// slot it no longer serves answers MOVED: it is up, and the slot map is
+// stale.
+func (s *Store) probeOnce(n *node, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return s.probe.Exists(ctx, s.peersKey()).Err()
+	if n.addr == "" {
+		return n.probe.Exists(ctx, s.peersKey()).Err()
+	}
+	err := n.probe.Exists(ctx, n.key).Err()
+	if err != nil && !unavailable(err) {
+		if redirected(err) {
+			s.opts.Router.ReloadState(ctx)
+		}
+		return nil // the master answered
+	}
+	return err
 }
 
-// markDown opens the breaker: calls fail at once, calls in flight give up.
-func (s *Store) markDown(cause, probeErr error) {
-	if s.closed.Load() || !s.down.CompareAndSwap(false, true) {
+// redirected reports whether err is a MOVED or ASK redirection.
+func redirected(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ")
+}
+
+// markDown opens n's breaker: its calls fail at once, those in flight
+// give up.
+func (s *Store) markDown(n *node, cause, probeErr error) {
+	if s.closed.Load() || !n.down.CompareAndSwap(false, true) {
 		return
 	}
-	s.opts.Metrics.Up.Set(0)
+	s.nodeDown(1)
 	s.opts.Metrics.BreakerOpened.Inc()
-	s.outage.Load().cancel()
+	n.outage.Load().cancel()
 	s.opts.Log.Warn("redis marked down; policies follow on_redis_error",
-		"error", cause.Error(), "probe", probeErr.Error())
+		n.logAttrs("error", cause.Error(), "probe", probeErr.Error())...)
 }
 
-// markUp closes the breaker after a probe answered.
-func (s *Store) markUp() {
+// markUp closes n's breaker after a probe answered.
+func (s *Store) markUp(n *node) {
 	wctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	if err := s.Warm(wctx); err != nil { // a restarted Redis has an empty script cache
 		s.opts.Log.Debug("loading scripts after redis came back", "error", err.Error())
 	}
 	cancel()
-	s.outage.Store(newOutage())
-	s.down.Store(false)
-	s.opts.Log.Info("redis is back; policies return to their mode")
-	s.opts.Metrics.Up.Set(1)
+	n.outage.Store(newOutage())
+	n.down.Store(false)
+	s.opts.Log.Info("redis is back; policies return to their mode", n.logAttrs()...)
+	s.nodeDown(-1)
 }
 
-// watch raises suspicion when calls are pending and none has finished for
-// StallAfter (a frozen Redis fails nothing: it only stops answering), and
-// probes a down store every ProbeEvery.
+// nodeDown counts a node marked down (+1) or back (-1): the store is up
+// (extauthz_redis_up 1) while no node is down.
+func (s *Store) nodeDown(delta int64) {
+	down := s.downNodes.Add(delta)
+	s.opts.Metrics.NodesDown.Set(float64(down))
+	if down == 0 {
+		s.opts.Metrics.Up.Set(1)
+	} else {
+		s.opts.Metrics.Up.Set(0)
+	}
+}
+
+// watch raises suspicion when a node's calls are pending and none has
+// finished for StallAfter (a frozen Redis fails nothing: it only stops
+// answering), and probes each down node every ProbeEvery.
 func (s *Store) watch() {
 	defer s.wg.Done()
 	tick := time.NewTicker(s.tick())
 	defer tick.Stop()
-	var lastProbe time.Time
 	for {
 		var now time.Time
 		select {
@@ -216,23 +376,57 @@ func (s *Store) watch() {
 			return
 		case now = <-tick.C:
 		}
-		if !s.down.Load() {
-			if s.inflight.Load() > 0 && now.UnixNano()-s.progress.Load() >= int64(s.opts.StallAfter) {
-				s.suspect(errStalled)
-			}
-			continue
-		}
-		if now.Sub(lastProbe) < s.opts.ProbeEvery {
-			continue
-		}
-		lastProbe = now
-		if err := s.probeOnce(max(s.opts.ProbeTimeout, s.opts.Timeout)); err != nil {
-			s.opts.Metrics.Calls.WithLabelValues("probe", resultOf(err)).Inc()
-			continue
-		}
-		s.opts.Metrics.Calls.WithLabelValues("probe", "ok").Inc()
-		s.markUp()
+		s.eachNode(func(n *node) { s.watchNode(n, now) })
 	}
+}
+
+func (s *Store) watchNode(n *node, now time.Time) {
+	if !n.down.Load() {
+		if n.inflight.Load() > 0 && now.UnixNano()-n.progress.Load() >= int64(s.opts.StallAfter) {
+			s.suspect(n, errStalled)
+		}
+		return
+	}
+	if now.Sub(n.lastProbe) < s.opts.ProbeEvery {
+		return
+	}
+	n.lastProbe = now
+	if n.addr != "" {
+		// A replica may have taken this master's slots: ask for the
+		// map again, and stop judging a master it no longer names.
+		s.opts.Router.ReloadState(context.Background())
+		if s.forget(n) {
+			return
+		}
+	}
+	if err := s.probeOnce(n, max(s.opts.ProbeTimeout, s.opts.Timeout)); err != nil {
+		s.opts.Metrics.Calls.WithLabelValues("probe", resultOf(err)).Inc()
+		return
+	}
+	s.opts.Metrics.Calls.WithLabelValues("probe", "ok").Inc()
+	s.markUp(n)
+}
+
+// forget drops down master n once the slot map sends its probe key to
+// another master: its slots were taken over, and keys route there.
+func (s *Store) forget(n *node) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ProbeTimeout)
+	defer cancel()
+	m, err := s.opts.Router.MasterForKey(ctx, n.key)
+	if err != nil || m.Options().Addr == n.addr {
+		return false
+	}
+	s.nodesMu.Lock()
+	if s.nodes[n.addr] == n {
+		delete(s.nodes, n.addr)
+	}
+	s.nodesMu.Unlock()
+	if n.down.CompareAndSwap(true, false) {
+		s.nodeDown(-1)
+	}
+	s.opts.Log.Info("redis cluster master replaced; its keys return to their mode",
+		slog.String("node", n.addr), slog.String("now", m.Options().Addr))
+	return true
 }
 
 // unavailable reports whether err says Redis cannot serve (as opposed to

@@ -208,15 +208,18 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		want := max(h.sliceSizeLocked(e, l, ns), missing)
 		f := &flight{done: make(chan struct{})}
 		e.flight = f
+		debt := e.debt // fallback admissions, charged with this lease
+		e.debt = 0
 		sh.Unlock()
 
-		ls, err := h.store.lease(ctx, key, l, want, missing)
+		ls, err := h.store.lease(ctx, key, l, want, missing, debt)
 
 		sh = h.table.Lock(key)
 		e.flight = nil
 		f.err = err
 		close(f.done)
 		if err != nil {
+			e.debt += debt
 			sh.Unlock()
 			return quota.Decision{}, err
 		}
@@ -287,7 +290,7 @@ func (h *Hybrid) sliceSizeLocked(e *keyState, l quota.Limit, ns int64) int64 {
 	// rather than spend a call giving them back (Sweep).
 	free := int64(h.opts.SliceIdle) / l.Interval()
 	want = max(want, free, e.waiting+1, 1)
-	byShare := max(capacity/(4*peers), 1)
+	byShare := maxSlice(capacity, peers)
 	remote := capacity
 	if e.remoteAt != 0 {
 		remote = min(e.remote+(ns-e.remoteAt)/l.Interval(), capacity)
@@ -295,6 +298,10 @@ func (h *Hybrid) sliceSizeLocked(e *keyState, l quota.Limit, ns int64) int64 {
 	byRemote := max(remote/(2*peers), 1)
 	return min(want, byShare, byRemote)
 }
+
+// maxSlice is the most tokens one lease takes of a bucket of capacity
+// shared by peers replicas: a quarter of the bucket over the replica count.
+func maxSlice(capacity, peers int64) int64 { return max(capacity/(4*peers), 1) }
 
 // Refund implements quota.Limiter: the units go back into the local
 // slice, to be spent or given back later (other algorithms: to Redis at

@@ -50,7 +50,7 @@ func (s *Store) stateKey(partition string, l quota.Limit) string {
 func (s *Store) peek(ctx context.Context, partition string, l quota.Limit) (quota.Inspection, error) {
 	var d quota.Decision
 	if l.Algorithm == quota.TokenBucket {
-		ls, err := s.lease(ctx, partition, l, 0, 1)
+		ls, err := s.lease(ctx, partition, l, 0, 1, 0)
 		if err != nil {
 			return quota.Inspection{}, err
 		}

@@ -13,8 +13,12 @@ type Metrics struct {
 	Duration *prometheus.HistogramVec
 	// Up is 1 while the store answers, 0 while it is marked down.
 	Up prometheus.Gauge
-	// BreakerOpened counts the times the store was marked down.
+	// BreakerOpened counts the times the store (a Cluster: one master)
+	// was marked down.
 	BreakerOpened prometheus.Counter
+	// NodesDown is the number of Redis servers marked down now: 0 or 1
+	// for a standalone server, the masters marked down in a Cluster.
+	NodesDown prometheus.Gauge
 	// SlicesLeased counts hybrid lease calls that granted tokens;
 	// TokensLeased the tokens they granted.
 	SlicesLeased prometheus.Counter
@@ -46,11 +50,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"op"}),
 		Up: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "redis_up",
-			Help: "1 while Redis answers, 0 while the store is marked down.",
+			Help: "1 while Redis answers, 0 while it (in a Cluster: any master) is marked down.",
 		}),
 		BreakerOpened: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "redis_breaker_opened_total",
-			Help: "Times Redis was marked down (a failed or stalled call, confirmed by a failed probe on its own connection).",
+			Help: "Times Redis (in a Cluster: one master) was marked down (a failed or stalled call, confirmed by a failed probe on its own connection).",
+		}),
+		NodesDown: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "redis_nodes_down",
+			Help: "Redis servers marked down now: in a Cluster, the masters whose keys follow on_redis_error.",
 		}),
 		SlicesLeased: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "hybrid_slices_leased_total",
@@ -79,7 +87,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.TokensReturned.WithLabelValues(reason)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Calls, m.Duration, m.Up, m.BreakerOpened, m.SlicesLeased, m.TokensLeased,
+		reg.MustRegister(m.Calls, m.Duration, m.Up, m.BreakerOpened, m.NodesDown, m.SlicesLeased, m.TokensLeased,
 			m.TokensReturned, m.LeaseWaits, m.Peers)
 	}
 	return m

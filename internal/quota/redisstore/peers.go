@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
+	mrand "math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,16 @@ func ReplicaID(base string) string {
 // it; in a rollout the others register within one heartbeat interval. Until
 // its second heartbeat, and before any heartbeat answered, Count is at
 // least minPeers.
+//
+// Every replica writes the one set, so the set's key (one Cluster slot,
+// one master) sees the whole fleet's heartbeats. Up to HeartbeatBudget
+// replicas heartbeat once a second; a larger fleet stretches the interval
+// so that together they send about HeartbeatBudget a second, up to a
+// third of the ttl (a replica stays counted while it is heard at least
+// twice within the ttl). A stale count matters less the larger the
+// fleet: a replica joining a fleet of 1,000 changes each share by a
+// thousandth. Stretched intervals carry up to a fifth of random jitter,
+// so replicas started together do not beat together.
 type Peers struct {
 	store    *Store
 	id       string
@@ -63,8 +74,13 @@ type Peers struct {
 	wg       sync.WaitGroup
 }
 
-// NewPeers starts heartbeating id every min(1s, ttl/3). Until the first
-// heartbeat answers, Count returns minPeers.
+// HeartbeatBudget is the heartbeats per second a fleet sends to its
+// heartbeat set once it is larger than this many replicas (see Peers).
+const HeartbeatBudget = 200
+
+// NewPeers starts heartbeating id every min(1s, ttl/3), less often in a
+// fleet of more than HeartbeatBudget replicas. Until the first heartbeat
+// answers, Count returns minPeers.
 func NewPeers(store *Store, id string, ttl time.Duration, minPeers int, log *slog.Logger) *Peers {
 	m := store.opts.Metrics
 	p := &Peers{store: store, id: id, ttl: ttl, every: min(time.Second, ttl/3), minPeers: int64(max(minPeers, 1)), m: m, log: log, stop: make(chan struct{})}
@@ -116,7 +132,7 @@ func (p *Peers) Beat(ctx context.Context) {
 
 func (p *Peers) loop() {
 	defer p.wg.Done()
-	t := time.NewTicker(p.every)
+	t := time.NewTimer(p.interval())
 	defer t.Stop()
 	for {
 		select {
@@ -124,8 +140,22 @@ func (p *Peers) loop() {
 			return
 		case <-t.C:
 			p.Beat(context.Background())
+			t.Reset(p.interval())
 		}
 	}
+}
+
+// interval is the wait before the next heartbeat: every (a second) while
+// the fleet counts at most HeartbeatBudget replicas; beyond, count ÷
+// HeartbeatBudget seconds, at most a third of the ttl, plus up to a fifth
+// of jitter.
+func (p *Peers) interval() time.Duration {
+	iv := time.Duration(p.count.Load()) * time.Second / HeartbeatBudget
+	if iv <= p.every {
+		return p.every
+	}
+	iv = min(iv, max(p.ttl/3, p.every))
+	return iv + mrand.N(iv/5+1)
 }
 
 // Close stops heartbeating and removes this replica from the set, so the

@@ -28,8 +28,15 @@ func NewRedis(store *Store, table *Table) *Redis { return &Redis{store: store, t
 func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
 	var d quota.Decision
 	if l.Algorithm == quota.TokenBucket {
-		ls, err := r.store.lease(ctx, key, l, n, max(n, 1))
+		var debt int64
+		if l.OnError == quota.ErrorFallback {
+			debt = r.table.takeDebt(key)
+		}
+		ls, err := r.store.lease(ctx, key, l, n, max(n, 1), debt)
 		if err != nil {
+			// Charged again next time: if this call ran after all, the
+			// replicas admit less, never more.
+			r.table.Owe(key, debt)
 			return quota.Decision{}, err
 		}
 		d = quota.Decision{

@@ -40,14 +40,17 @@ type Resilient struct {
 
 var _ quota.Limiter = (*Resilient)(nil)
 
-// LevelSource says what Redis last reported for a key (Table).
+// LevelSource says what Redis last reported for a key under l (at most),
+// and keeps what the fallback admitted for Redis to be charged: Table for
+// redis mode, Hybrid for hybrid mode.
 type LevelSource interface {
-	Level(key string) (local.Level, bool)
+	Level(key string, l quota.Limit) (local.Level, bool)
+	Owe(key string, units int64)
 }
 
 // Breaker tells whether a failed call was Redis going down (Store).
 type Breaker interface {
-	AwaitVerdict(ctx context.Context) (down bool)
+	AwaitVerdict(ctx context.Context, partition string) (down bool)
 }
 
 // NewResilient returns primary with the behaviour above: levels are what
@@ -75,7 +78,7 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		// a slow moment should not cost a decision made without Redis.
 		// (A call that ran and is asked again spends twice: the replicas
 		// then admit less, never more.)
-		if down = r.breaker.AwaitVerdict(ctx); !down && ctx.Err() == nil {
+		if down = r.breaker.AwaitVerdict(ctx, key); !down && ctx.Err() == nil {
 			if d, err2 := r.primary.Take(ctx, key, l, n, now); err2 == nil {
 				return d, nil
 			} else if errors.Is(err2, ErrStoreDown) {
@@ -94,7 +97,7 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		return quota.Decision{Limit: l.Limit, RetryAfter: time.Second, Degraded: quota.DegradedDeny}, nil
 	}
 	var level *local.Level
-	if lv, ok := r.levels.Level(key); ok {
+	if lv, ok := r.levels.Level(key, l); ok {
 		level = &lv
 	}
 	start, sentAt := local.StartFresh, now
@@ -110,6 +113,9 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 	if err != nil {
 		return quota.Decision{}, err
 	}
+	if d.Allowed && l.Algorithm == quota.TokenBucket {
+		r.levels.Owe(key, n) // charged to the Redis bucket when it answers again
+	}
 	d.Degraded = quota.DegradedFallback
 	return d, nil
 }
@@ -120,6 +126,8 @@ func (r *Resilient) Refund(ctx context.Context, key string, l quota.Limit, n int
 	if err := r.primary.Refund(ctx, key, l, n, now); err == nil || l.OnError != quota.ErrorFallback {
 		return nil
 	}
+	// The debt stays: the unit may have been one Redis admitted, and a
+	// debt too high only makes the replicas admit less, never more.
 	r.fallback.Refund(key, l, n, r.peers.Count(), now)
 	return nil
 }

@@ -233,7 +233,7 @@ func TestFailedCallRefillsWhileItFails(t *testing.T) {
 // verdict is a breaker whose verdict on every failed call is fixed.
 type verdict bool
 
-func (v verdict) AwaitVerdict(context.Context) bool { return bool(v) }
+func (v verdict) AwaitVerdict(context.Context, string) bool { return bool(v) }
 
 // redisUp says every failed call happened while Redis was up.
 const redisUp = verdict(false)

@@ -54,31 +54,32 @@ type StoreOptions struct {
 	StallAfter   time.Duration
 	ProbeTimeout time.Duration
 	ProbeEvery   time.Duration
+	// Router, for a Redis Cluster, says which master serves a key: the
+	// breaker then judges each master alone (breaker.go). Nil: one
+	// breaker for the whole store, as for a standalone server.
+	Router Router
+	// NodeProbe returns the client a Cluster master's probes use: one
+	// that talks to that master alone, on a connection of its own. Nil:
+	// Probe.
+	NodeProbe func(addr string) rediser
 }
 
 // Store runs the limiter scripts against Redis. Every call has a deadline.
-// The breaker (breaker.go) marks the store down when Redis is unavailable;
-// calls then fail at once with ErrStoreDown, so no decision waits on an
-// unreachable Redis, while a probe tests whether it is back.
+// The breaker (breaker.go) marks Redis down when it is unavailable (a
+// Cluster: master by master); calls then fail at once with ErrStoreDown,
+// so no decision waits on an unreachable Redis, while a probe tests
+// whether it is back.
 type Store struct {
 	rdb   rediser
 	probe rediser
 	opts  StoreOptions
 
-	down   atomic.Bool
-	outage atomic.Pointer[outage] // canceled when the store is marked down
-
-	// The breaker's evidence: calls in flight, the last instant a call
-	// started with none pending or finished (unix ns), the last success,
-	// and whether a confirmation probe is running.
-	inflight atomic.Int64
-	progress atomic.Int64
-	lastOK   atomic.Int64
-
-	// verdict is closed when the running confirmation probe has decided;
-	// nil while none runs.
-	verdictMu sync.Mutex
-	verdict   chan struct{}
+	// whole is the breaker of a standalone server, and of a Cluster
+	// whose slot map is unknown; nodes, a Cluster's masters by address.
+	whole     *node
+	nodesMu   sync.RWMutex
+	nodes     map[string]*node
+	downNodes atomic.Int64
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -109,8 +110,8 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(nil)
 	}
-	s := &Store{rdb: rdb, probe: opts.Probe, opts: opts, stop: make(chan struct{})}
-	s.outage.Store(newOutage())
+	s := &Store{rdb: rdb, probe: opts.Probe, opts: opts, stop: make(chan struct{}), nodes: map[string]*node{}}
+	s.whole = newNode("", opts.Probe, "")
 	opts.Metrics.Up.Set(1)
 	s.wg.Add(1)
 	go s.watch()
@@ -167,8 +168,9 @@ func (s *Store) timeout(ctx context.Context, now time.Time) time.Duration {
 
 // run calls a script with the store's deadline, breaker and metrics.
 func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys []string, args ...any) (any, error) {
-	o := s.outage.Load()
-	if s.down.Load() {
+	n := s.nodeFor(ctx, keys[0])
+	o := n.outage.Load()
+	if n.down.Load() {
 		return nil, ErrStoreDown
 	}
 	start := time.Now()
@@ -177,16 +179,16 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 		return nil, context.DeadlineExceeded // the caller's budget is spent; Redis is not to blame
 	}
 	// The call runs on its own goroutine so that it can be abandoned when
-	// the store is marked down, and ended at its deadline whatever the
+	// its node is marked down, and ended at its deadline whatever the
 	// client does with contexts (an autopipelined command, once sent,
 	// finishes with its batch).
 	callCtx, cancel := context.WithTimeout(ctx, t)
 	defer cancel()
 	res := make(chan result, 1)
-	s.begin(start.UnixNano())
+	n.begin(start.UnixNano())
 	go func() {
 		v, err := script.Run(callCtx, s.rdb, keys, args...).Result()
-		s.end(time.Now().UnixNano(), err == nil)
+		n.end(time.Now().UnixNano(), err == nil)
 		res <- result{v, err}
 	}()
 	var v any
@@ -215,7 +217,7 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 		s.opts.Metrics.Calls.WithLabelValues(op, "error").Inc()
 	default:
 		s.opts.Metrics.Calls.WithLabelValues(op, resultOf(err)).Inc()
-		s.suspect(err)
+		s.suspect(n, err)
 	}
 	tracing.RedisCall(ctx, op, start, done, err) // a child of the Check's span, when one records
 	return v, err
@@ -237,10 +239,11 @@ type lease struct {
 
 // lease takes between need and want tokens of partition's bucket under l,
 // or none when fewer than need remain (want 0, need 1 asks without
-// taking).
-func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, want, need int64) (lease, error) {
+// taking), after charging debt: tokens admitted without Redis (see
+// Table.Owe).
+func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, want, need, debt int64) (lease, error) {
 	v, err := s.run(ctx, "lease", bucketLease, []string{s.key(partition)},
-		intervalMicros(l), l.Capacity(), want, need, s.nowArg(time.Microsecond))
+		intervalMicros(l), l.Capacity(), want, need, s.nowArg(time.Microsecond), debt)
 	if err != nil {
 		return lease{}, err
 	}
@@ -282,7 +285,7 @@ func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration) (n 
 // leave removes replica id from the heartbeat set at shutdown, so peers
 // stop counting it at once rather than after the ttl.
 func (s *Store) leave(ctx context.Context, id string) error {
-	if s.down.Load() {
+	if s.nodeFor(ctx, s.peersKey()).down.Load() {
 		return ErrStoreDown
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout*5)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/extauthz/extauthz/internal/localcache"
+	"github.com/extauthz/extauthz/internal/quota"
 	"github.com/extauthz/extauthz/internal/quota/local"
 )
 
@@ -23,7 +24,10 @@ type keyState struct {
 	// ns; zero when Redis never reported on the key to this replica).
 	remote   int64
 	remoteAt int64
-	slice    // hybrid mode's lease
+	// debt is what this replica admitted for the key by fallback (token
+	// buckets), not yet charged to its Redis bucket (see Owe).
+	debt  int64
+	slice // hybrid mode's lease
 }
 
 // NewTable returns a table of at most maxKeys keys.
@@ -60,11 +64,40 @@ func (t *Table) record(key string, remaining int64, now time.Time) {
 }
 
 // Level returns what Redis last reported for key, if it did.
-func (t *Table) Level(key string) (local.Level, bool) {
+func (t *Table) Level(key string, _ quota.Limit) (local.Level, bool) {
 	sh := t.Lock(key)
 	defer sh.Unlock()
 	if e, ok := sh.Peek(key); ok && e.remoteAt != 0 {
 		return local.Level{Remaining: e.remote, At: time.Unix(0, e.remoteAt)}, true
 	}
 	return local.Level{}, false
+}
+
+// Owe records units of key's token bucket admitted without Redis (by the
+// fallback while its master was down or a call failed), so that the next
+// lease that reaches Redis charges them first. A Redis that kept its
+// state through the outage (a replica promoted in a failover, a master
+// that was only unreachable) would otherwise hand the same tokens out
+// again: it refilled all along, while the replicas spent their shares.
+// An entry evicted from the table takes its debt with it.
+func (t *Table) Owe(key string, units int64) {
+	if units <= 0 {
+		return
+	}
+	sh := t.Lock(key)
+	stateLocked(sh, key).debt += units
+	sh.Unlock()
+}
+
+// takeDebt returns key's debt and clears it, for a call that charges it.
+func (t *Table) takeDebt(key string) int64 {
+	sh := t.Lock(key)
+	defer sh.Unlock()
+	e, ok := sh.Peek(key)
+	if !ok || e.debt == 0 {
+		return 0
+	}
+	d := e.debt
+	e.debt = 0
+	return d
 }

@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,7 +73,8 @@ func start(name string, env []string, bin string, args ...string) (*Proc, io.Rea
 
 // StartDetached runs redis-server on a free loopback port with no
 // persistence, its working directory dir, tied to no test: Stop ends it.
-func StartDetached(dir string) (*Proc, error) {
+// extra are further redis-server arguments.
+func StartDetached(dir string, extra ...string) (*Proc, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("redis-server is not on PATH: `make redis-server` installs it (Debian), or apt-get install -y redis-server")
@@ -81,8 +83,9 @@ func StartDetached(dir string) (*Proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, out, err := start("redis-server", nil, bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir, "--loglevel", "warning")
+	args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir, "--loglevel", "warning"}, extra...)
+	p, out, err := start("redis-server", nil, bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -102,6 +105,63 @@ func StartDetached(dir string) (*Proc, error) {
 	}
 	p.Stop()
 	return nil, fmt.Errorf("redis-server did not listen on %s within 10s", p.Addr)
+}
+
+// StartClusterDetached starts a Redis Cluster of n masters (no replicas)
+// tied to no test, each node working in a directory of its own under dir,
+// and waits until every node says the cluster is ok. Stop each Proc to
+// end it. (Its nodes.conf stays on disk: a cluster that never changes
+// shape writes it only at start-up.)
+func StartClusterDetached(dir string, n int, extra ...string) ([]*Proc, error) {
+	var procs []*Proc
+	stopAll := func() {
+		for _, p := range procs {
+			p.Stop()
+		}
+	}
+	for i := 0; i < n; i++ {
+		nodeDir := filepath.Join(dir, "node"+strconv.Itoa(i))
+		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
+			stopAll()
+			return nil, err
+		}
+		args := append([]string{"--cluster-enabled", "yes",
+			"--cluster-config-file", filepath.Join(nodeDir, "nodes.conf")}, extra...)
+		p, err := StartDetached(nodeDir, args...)
+		if err != nil {
+			stopAll()
+			return nil, err
+		}
+		procs = append(procs, p)
+	}
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		stopAll()
+		return nil, fmt.Errorf("redis-cli is not on PATH (it comes with redis-server)")
+	}
+	args := []string{"--cluster", "create"}
+	for _, p := range procs {
+		args = append(args, p.Addr)
+	}
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		stopAll()
+		return nil, fmt.Errorf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	for _, p := range procs {
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			out, _ := exec.Command(cli, "-h", "127.0.0.1", "-p", strings.TrimPrefix(p.Addr, "127.0.0.1:"), "cluster", "info").Output()
+			if strings.Contains(string(out), "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				stopAll()
+				return nil, fmt.Errorf("cluster node %s not ok within 20s:\n%s", p.Addr, out)
+			}
+			time.Sleep(50 * time.Millisecond) // polling cluster convergence
+		}
+	}
+	return procs, nil
 }
 
 // Serve runs bin with args (and env added to the environment) and waits

@@ -12,6 +12,11 @@
 -- ARGV[3]  tokens wanted at most
 -- ARGV[4]  tokens needed at least: fewer available grant none
 -- ARGV[5]  now in µs for tests; empty: Redis TIME, never a replica's clock
+-- ARGV[6]  tokens this replica admitted without Redis (fallback decisions
+--          while its master was down), charged before anything is granted,
+--          so a bucket that survived the outage (a promoted replica) does
+--          not hand them out again; the bucket goes no lower than empty.
+--          Empty or 0: none.
 --
 -- Returns {granted, remaining, wait, full}: tokens granted (fewer than
 -- wanted when fewer remain), tokens left in the bucket afterwards, µs until
@@ -23,6 +28,7 @@ local cap = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local need = tonumber(ARGV[4])
 local now = now_us(ARGV[5])
+local debt = tonumber(ARGV[6]) or 0
 
 local st = redis.call('HMGET', KEYS[1], 'used', 'ts', 'iv')
 local used = tonumber(st[1]) or 0
@@ -35,6 +41,12 @@ if now > ts then
   ts = now
 end
 
+local dirty = false
+if debt > 0 then
+  used = math.min(used + debt, math.max(used, cap))
+  dirty = true
+end
+
 -- The epsilon absorbs float error: 2.9999999999 tokens are 3.
 local avail = math.floor(cap - used + 1e-9)
 if avail < 0 then avail = 0 end
@@ -42,9 +54,14 @@ local granted = 0
 if avail >= need then granted = math.min(want, avail) end
 if granted > 0 then
   used = used + granted
+  dirty = true
+end
+if dirty then
   redis.call('HSET', KEYS[1], 'used', string.format('%.17g', used), 'ts', string.format('%d', ts), 'iv', ARGV[1])
   -- Once full again the bucket is the same as no bucket: let it go.
   redis.call('PEXPIRE', KEYS[1], math.ceil(used * iv / 1000) + 1)
+end
+if granted > 0 then
   return {granted, avail - granted, 0, math.ceil(used * iv)}
 end
 local wait = 0

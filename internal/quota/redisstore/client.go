@@ -1,0 +1,157 @@
+package redisstore
+
+import (
+	"crypto/tls"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ClientOptions says how to reach Redis: one address is a standalone
+// server, several are the seed nodes of a Redis Cluster.
+type ClientOptions struct {
+	Addrs    []string
+	Username string
+	Password string
+	TLS      *tls.Config // nil: plaintext
+	// Timeout is the per-call timeout (the store's); dials get five times
+	// it, at least 100ms.
+	Timeout time.Duration
+	// PoolSize caps the connections this process opens to each Redis
+	// server (each Cluster master) for decisions. Zero: DefaultPoolSize.
+	PoolSize int
+	// Name is the CLIENT SETNAME of decision connections; probes add
+	// "-probe".
+	Name string
+}
+
+// DefaultPoolSize is the connections a replica may open to one Redis
+// server for decisions when ClientOptions leaves it zero. Decisions are
+// autopipelined: the calls that arrive while a batch is in flight leave
+// together as the next batch, one batch at a time (per Cluster master),
+// so one connection carries them all (docs/capacity.md measures it).
+// The others are spare: for script loads and shutdown's calls, and for a
+// connection being redialled. go-redis's own default, ten per CPU on the
+// main pool plus ten for pipelines, times a fleet of a thousand sidecars
+// would pass Redis's default maxclients (10,000) with connections that
+// sit idle.
+const DefaultPoolSize = 4
+
+// Clients are the go-redis clients of one replica: the decision client,
+// its autopipeliner (what the Store runs scripts through), and the
+// breaker's probes, each on connections of their own.
+type Clients struct {
+	Client redis.UniversalClient
+	Pipe   *redis.AutoPipeliner
+	Probe  redis.UniversalClient
+
+	cluster   *redis.ClusterClient // nil for a standalone server
+	probeOpts *redis.Options       // a Cluster master's probe client, but for its address
+
+	mu         sync.Mutex // guards nodeProbes
+	nodeProbes map[string]*redis.Client
+}
+
+// NewClients builds the clients; it does not wait for Redis to answer.
+func NewClients(o ClientOptions) (*Clients, error) {
+	if o.PoolSize <= 0 {
+		o.PoolSize = DefaultPoolSize
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	opts := &redis.UniversalOptions{
+		Addrs:     o.Addrs,
+		Username:  o.Username,
+		Password:  o.Password,
+		TLSConfig: o.TLS,
+		// A decision never waits longer than the timeout; the store's
+		// breaker, not client retries, deals with failures: one dial
+		// attempt, no command retries.
+		DialTimeout:           max(o.Timeout*5, 100*time.Millisecond),
+		DialerRetries:         1,
+		ReadTimeout:           o.Timeout,
+		WriteTimeout:          o.Timeout,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            -1,
+		// A Cluster still follows MOVED and ASK, and tries another node
+		// after a failed one, but without sleeping between attempts.
+		MinRetryBackoff: -1,
+		MaxRetryBackoff: -1,
+		// At most PoolSize connections per server, batches included:
+		// no separate pipeline pool, so the connection Store.Warm dials
+		// at start-up to load the scripts is the one the first
+		// decisions find idle. No MinIdleConns: it would dial one more
+		// that the autopipeliner, one batch at a time, never takes.
+		PoolSize:         o.PoolSize,
+		PipelinePoolSize: -1,
+		ClientName:       o.Name,
+	}
+	c := &Clients{nodeProbes: map[string]*redis.Client{}}
+	c.Client = redis.NewUniversalClient(opts)
+	// The breaker's probe has a connection of its own (one per node), so
+	// a pool full of slow decisions never delays the verdict on Redis.
+	probeOpts := *opts
+	probeOpts.PoolSize, probeOpts.MinIdleConns = 1, 0
+	if o.Name != "" {
+		probeOpts.ClientName = o.Name + "-probe"
+	}
+	c.Probe = redis.NewUniversalClient(&probeOpts)
+	if cc, ok := c.Client.(*redis.ClusterClient); ok {
+		c.cluster = cc
+		c.probeOpts = probeOpts.Simple()
+	}
+	// Decisions go through go-redis's autopipeliner: calls that arrive
+	// while others are in flight leave together, one write and one read
+	// for a batch, per Cluster node. A lone call leaves at once; a batch
+	// waits for nothing but the batch ahead of it.
+	pipe, err := c.Client.AutoPipeline()
+	if err != nil {
+		c.Client.Close()
+		c.Probe.Close()
+		return nil, fmt.Errorf("redis autopipelining: %w", err)
+	}
+	c.Pipe = pipe
+	return c, nil
+}
+
+// StoreOptions returns opts with the client parts set: the probe, and for
+// a Cluster the router and per-master probes the breaker judges masters
+// by.
+func (c *Clients) StoreOptions(opts StoreOptions) StoreOptions {
+	opts.Probe = c.Probe
+	if c.cluster != nil {
+		opts.Router = c.cluster
+		opts.NodeProbe = c.nodeProbe
+	}
+	return opts
+}
+
+// nodeProbe returns the probe client of the master at addr: one
+// connection to that master alone.
+func (c *Clients) nodeProbe(addr string) rediser {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p := c.nodeProbes[addr]; p != nil {
+		return p
+	}
+	o := *c.probeOpts
+	o.Addr = addr
+	p := redis.NewClient(&o)
+	c.nodeProbes[addr] = p
+	return p
+}
+
+// Close closes every client.
+func (c *Clients) Close() error {
+	c.Pipe.Close()
+	c.mu.Lock()
+	for _, p := range c.nodeProbes {
+		p.Close()
+	}
+	c.mu.Unlock()
+	c.Probe.Close()
+	return c.Client.Close()
+}

@@ -1,0 +1,36 @@
+package redisstore
+
+import (
+	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/local"
+)
+
+// Hybrid is the LevelSource of hybrid mode's Resilient: what a fallback
+// starts from when Redis (a key's Cluster master) fails.
+var _ LevelSource = (*Hybrid)(nil)
+
+// Level returns what Redis held for key's token bucket at this replica's
+// last lease, less what the other replicas may have leased since: a
+// slice each, the largest a lease takes (maxSlice). A replica's view is
+// as old as its last lease, about a horizon (a second) of its traffic;
+// replicas that see a key's traffic alike (a round-robin load balancer)
+// each lease about once in that time. Without the allowance every
+// replica's share would count the others' last slices as still in Redis,
+// and together they would admit up to (peers−1) slices more than the
+// bucket held. Too low a level costs nothing once the key's master
+// answers again: what the fallback did not admit is still in Redis, and
+// only what it admitted is charged (Owe). Other algorithms decide by
+// their exact script in hybrid mode, each decision reporting its level.
+func (h *Hybrid) Level(key string, l quota.Limit) (local.Level, bool) {
+	lv, ok := h.table.Level(key, l)
+	if !ok || l.Algorithm != quota.TokenBucket {
+		return lv, ok
+	}
+	peers := max(h.peers.Count(), 1)
+	lv.Remaining = max(lv.Remaining-(peers-1)*maxSlice(l.Capacity(), peers), 0)
+	return lv, true
+}
+
+// Owe keeps units admitted by the fallback, charged with the key's next
+// lease (Table.Owe).
+func (h *Hybrid) Owe(key string, units int64) { h.table.Owe(key, units) }
