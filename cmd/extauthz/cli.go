@@ -66,6 +66,7 @@ environment:
   EXTAUTHZ_LISTEN_HTTP    the HTTP door's address (as -listen-http)
   EXTAUTHZ_LISTEN_ADMIN   the admin address (as -listen-admin)
   EXTAUTHZ_REPLICA_ID     this replica's name in Redis heartbeats (default: the hostname)
+  EXTAUTHZ_ADMIN_TOKEN    the counters API's bearer token (without it the API answers 403)
   OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
                           turn tracing on: OTLP spans for Check and its Redis
                           calls (off unless one is set; OTEL_TRACES_EXPORTER=none
