@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -50,12 +49,6 @@ func RunHTTP(ctx context.Context, o HTTPOptions) (Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.MaxDuration)
 	defer cancel()
 
-	type sample struct {
-		latency time.Duration
-		status  int
-		target  int
-		err     error
-	}
 	samples := make([]sample, o.Requests)
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -86,30 +79,7 @@ func RunHTTP(ctx context.Context, o HTTPOptions) (Result, error) {
 		return Result{}, fmt.Errorf("loadgen: run of %d requests did not finish within %v", o.Requests, o.MaxDuration)
 	}
 
-	r := Result{Requests: o.Requests, Elapsed: elapsed, Statuses: map[string]int{}, AllowedPerTarget: make([]int, len(o.Targets))}
-	lat := make([]time.Duration, 0, len(samples))
-	for _, s := range samples {
-		if s.err != nil {
-			r.GRPCErrors++
-			if r.FirstError == "" {
-				r.FirstError = s.err.Error()
-			}
-			continue
-		}
-		r.Statuses[fmt.Sprint(s.status)]++
-		if s.status == 200 {
-			r.AllowedPerTarget[s.target]++
-		}
-		lat = append(lat, s.latency)
-	}
-	slices.Sort(lat)
-	if len(lat) > 0 {
-		r.P50 = lat[len(lat)*50/100]
-		r.P99 = lat[min(len(lat)*99/100, len(lat)-1)]
-		r.Max = lat[len(lat)-1]
-	}
-	r.Throughput = float64(o.Requests) / elapsed.Seconds()
-	return r, nil
+	return summarize(samples, len(o.Targets), elapsed), nil
 }
 
 // httpConn is one keep-alive connection.

@@ -111,7 +111,22 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return Result{}, fmt.Errorf("loadgen: run of %d requests did not finish within %v", o.Requests, o.MaxDuration)
 	}
 
-	r := Result{Requests: o.Requests, Elapsed: elapsed, Statuses: map[string]int{}, AllowedPerTarget: make([]int, len(o.Targets))}
+	return summarize(samples, len(o.Targets), elapsed), nil
+}
+
+// sample is one call's outcome.
+type sample struct {
+	latency time.Duration
+	status  int
+	target  int
+	err     error
+}
+
+// summarize is a run's Result from its samples: statuses, allowed calls
+// per target, latency percentiles of the calls that got an answer, and
+// throughput over elapsed.
+func summarize(samples []sample, targets int, elapsed time.Duration) Result {
+	r := Result{Requests: len(samples), Elapsed: elapsed, Statuses: map[string]int{}, AllowedPerTarget: make([]int, targets)}
 	lat := make([]time.Duration, 0, len(samples))
 	for _, s := range samples {
 		if s.err != nil {
@@ -133,16 +148,8 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		r.P99 = lat[min(len(lat)*99/100, len(lat)-1)]
 		r.Max = lat[len(lat)-1]
 	}
-	r.Throughput = float64(o.Requests) / elapsed.Seconds()
-	return r, nil
-}
-
-// sample is one call's outcome.
-type sample struct {
-	latency time.Duration
-	status  int
-	target  int
-	err     error
+	r.Throughput = float64(len(samples)) / elapsed.Seconds()
+	return r
 }
 
 // caller makes call i of a run: a Check or a ShouldRateLimit.
