@@ -41,7 +41,7 @@ func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 		h := redisstore.NewHybrid(table, store, fixedPeers(peers), redisstore.HybridOptions{SliceIdle: time.Second, Metrics: m, Log: quiet, Now: clk.Now})
 		primary, levels = h, h // as cmd/extauthz wires it
 	}
-	r := redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(peers), store)
+	r := redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(peers), store).WithClock(clk.Now)
 	l := quota.Limit{Limit: 90, Window: time.Minute, OnError: quota.ErrorFallback}
 	ctx := context.Background()
 
@@ -136,7 +136,7 @@ func testFallbackCharged(t *testing.T, mode string) {
 		h := redisstore.NewHybrid(table, store, fixedPeers(1), redisstore.HybridOptions{SliceIdle: time.Second, Metrics: m, Log: quiet, Now: clk.Now})
 		primary, levels = h, h
 	}
-	r := redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(1), store)
+	r := redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(1), store).WithClock(clk.Now)
 	l := quota.Limit{Limit: 20, Window: time.Hour, OnError: quota.ErrorFallback}
 	ctx := context.Background()
 	rdb := srv.Client()

@@ -32,9 +32,10 @@ type Resilient struct {
 	fallback *local.Fallback
 	peers    PeerCounter
 	breaker  Breaker
-	// clock measures how long a failed call took (time.Now; tests fix
-	// it): a call that may have run leaves its key's share empty as of
-	// when it was sent, refilled since (local.StartEmpty).
+	// clock says when a failure is known (time.Now; tests give the clock
+	// their decisions' times come from): a call that may have run leaves
+	// its key's share empty as of the decision's time, refilled until
+	// then (local.StartEmpty). Read on failures only.
 	clock func() time.Time
 }
 
@@ -60,9 +61,16 @@ func NewResilient(primary quota.Limiter, levels LevelSource, fallback *local.Fal
 	return &Resilient{primary: primary, levels: levels, fallback: fallback, peers: peers, breaker: breaker, clock: time.Now}
 }
 
+// WithClock makes r tell when a failure is known by now (time.Now by
+// default), for tests whose decisions' times come from a clock of their
+// own. It returns r.
+func (r *Resilient) WithClock(now func() time.Time) *Resilient {
+	r.clock = now
+	return r
+}
+
 // Take implements quota.Limiter. It returns an error only when ctx is done.
 func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
-	sent := r.clock()
 	d, err := r.primary.Take(ctx, key, l, n, now)
 	if err == nil {
 		return d, nil
@@ -102,12 +110,15 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 	}
 	start, sentAt := local.StartFresh, now
 	if ran {
-		// Empty when the call was sent (now), and refilled while it
-		// failed: the fallback decides once the failure is known. (Else a
-		// request whose own call failed in flight would be denied by a
-		// share emptied that instant, whatever the policy's rate.)
+		// Empty when the decision began (now, the call sent just after),
+		// and refilled while the call failed: the fallback decides once
+		// the failure is known. (Else a request whose own call failed in
+		// flight would be denied by a share emptied that instant, whatever
+		// the policy's rate.)
 		start = local.StartEmpty
-		now = now.Add(max(r.clock().Sub(sent), 0))
+		if known := r.clock(); known.After(now) {
+			now = known
+		}
 	}
 	d, err = r.fallback.Take(key, l, n, r.peers.Count(), now, level, start, sentAt)
 	if err != nil {

@@ -208,14 +208,7 @@ func TestFailedCallRefillsWhileItFails(t *testing.T) {
 	} {
 		counts, _ := local.NewTable(100)
 		r := newResilientOn(t, counts, &scripted{fail: context.DeadlineExceeded}, fixedPeers(2), redisUp)
-		calls := 0 // the first call fails after tc.took, the later ones at once
-		r.clock = func() time.Time {
-			calls++
-			if calls == 2 {
-				return t0.Add(tc.took)
-			}
-			return t0
-		}
+		r.clock = func() time.Time { return t0.Add(tc.took) } // the first call fails tc.took after t0
 		d, err := r.Take(context.Background(), "k", tc.l, 1, t0)
 		if err != nil || d.Degraded != quota.DegradedFallback || d.Allowed != (tc.want > 0) {
 			t.Fatalf("%+v, a call failing after %v: %+v %v; want allowed %v", tc.l, tc.took, d, err, tc.want > 0)
