@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	_ "embed"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -47,19 +46,7 @@ func (s *Store) decideCalendar(ctx context.Context, partition string, l quota.Li
 	if err != nil {
 		return quota.Decision{}, err
 	}
-	r, ok := v.([]any)
-	if !ok || len(r) != 5 {
-		return quota.Decision{}, fmt.Errorf("redisstore: calendar_window script returned %v", v)
-	}
-	n := func(i int) int64 { x, _ := r[i].(int64); return x }
-	us := func(i int) time.Duration { return time.Duration(n(i)) * time.Microsecond }
-	return quota.Decision{
-		Allowed:    n(0) == 1,
-		Limit:      l.Limit,
-		Remaining:  n(1),
-		RetryAfter: us(2),
-		ResetAfter: us(3),
-	}, nil
+	return decisionOf("calendar_window", l, v) // its delay is always 0
 }
 
 // refundCalendar gives units back to the calendar window holding Redis

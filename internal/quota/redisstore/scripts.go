@@ -129,9 +129,16 @@ func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, uni
 	if err != nil {
 		return quota.Decision{}, err
 	}
+	return decisionOf(l.Algorithm.String(), l, v)
+}
+
+// decisionOf reads the reply every deciding script gives: {allowed,
+// remaining, retry after, reset after, delay}, the durations in
+// microseconds.
+func decisionOf(script string, l quota.Limit, v any) (quota.Decision, error) {
 	r, ok := v.([]any)
 	if !ok || len(r) != 5 {
-		return quota.Decision{}, fmt.Errorf("redisstore: %s script returned %v", l.Algorithm, v)
+		return quota.Decision{}, fmt.Errorf("redisstore: %s script returned %v", script, v)
 	}
 	n := func(i int) int64 { x, _ := r[i].(int64); return x }
 	us := func(i int) time.Duration { return time.Duration(n(i)) * time.Microsecond }
