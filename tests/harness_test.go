@@ -2,7 +2,6 @@ package tests
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -24,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/tests/internal/loadgen"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -85,26 +85,8 @@ type sidecar struct {
 	Client authv3.AuthorizationClient
 	conn   *grpc.ClientConn
 	config string // path of its configuration file
-	logs   *logBuffer
+	logs   *testredis.LogBuffer
 	done   chan error
-}
-
-// logBuffer keeps a process's log for failure reports.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
 
 // startSidecar writes cfg to a file and runs `extauthz serve` on it. The
@@ -146,7 +128,7 @@ func writeConfig(t *testing.T, cfg string) string {
 
 func startProcess(t *testing.T, bin, path string, env []string, extraArgs ...string) *sidecar {
 	t.Helper()
-	s := &sidecar{t: t, config: path, logs: &logBuffer{}, done: make(chan error, 1)}
+	s := &sidecar{t: t, config: path, logs: &testredis.LogBuffer{}, done: make(chan error, 1)}
 	args := append([]string{"serve", "-config", path, "-log-format", "json"}, extraArgs...)
 	s.cmd = exec.Command(bin, args...)
 	s.cmd.Env = append(os.Environ(), env...)

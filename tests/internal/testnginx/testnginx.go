@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -47,7 +46,7 @@ func Binary(t testing.TB) string {
 type Server struct {
 	Addr string // the listen address, 127.0.0.1:port
 	cmd  *exec.Cmd
-	out  *lockedBuffer
+	out  *testredis.LogBuffer
 	done chan struct{}
 }
 
@@ -138,7 +137,7 @@ func launch(t testing.TB, serverConf, addr string) (*Server, error) {
 	if err := os.WriteFile(main, []byte(fmt.Sprintf(mainConf, dir)), 0o644); err != nil {
 		return nil, err
 	}
-	s := &Server{Addr: addr, out: &lockedBuffer{}, done: make(chan struct{})}
+	s := &Server{Addr: addr, out: &testredis.LogBuffer{}, done: make(chan struct{})}
 	s.cmd = exec.Command(Binary(t), "-p", dir, "-c", main, "-e", "stderr")
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -187,23 +186,3 @@ func (s *Server) Stop() {
 
 // Log returns what nginx wrote (its error log).
 func (s *Server) Log() string { return s.out.String() }
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.b.Len() < 1<<20 {
-		l.b.Write(p)
-	}
-	return len(p), nil
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}

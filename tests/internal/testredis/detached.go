@@ -29,7 +29,7 @@ type Proc struct {
 	Addr  string // Redis's address, or the gRPC address a server announced
 	HTTP  string // the HTTP door's address a server announced ("" when none)
 	Admin string // the admin address a server announced
-	out   *lockedBuffer
+	out   *LogBuffer
 	done  chan struct{}
 }
 
@@ -53,7 +53,7 @@ func (p *Proc) Stop() {
 // start runs bin, keeping its output and handing its stderr to the
 // returned reader as well (for the "serving" line).
 func start(name string, env []string, bin string, args ...string) (*Proc, io.Reader, error) {
-	p := &Proc{Name: name, out: &lockedBuffer{}, done: make(chan struct{})}
+	p := &Proc{Name: name, out: &LogBuffer{}, done: make(chan struct{})}
 	p.Cmd = exec.Command(bin, args...)
 	p.Cmd.Env = append(os.Environ(), env...)
 	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -209,13 +209,14 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// lockedBuffer keeps the first MiB written to it, for error messages.
-type lockedBuffer struct {
+// LogBuffer keeps the first MiB a child process writes, for failure
+// reports; safe for concurrent use.
+type LogBuffer struct {
 	mu sync.Mutex
 	b  strings.Builder
 }
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
+func (l *LogBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.b.Len() < 1<<20 {
@@ -224,7 +225,7 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (l *lockedBuffer) String() string {
+func (l *LogBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
