@@ -228,20 +228,13 @@ func runFailover(t *testing.T, c *testredis.Cluster, victim int, replicas []*sid
 			for time.Since(begin) < failoverRun {
 				n := calls.Add(1)
 				k := rng.IntN(len(users))
-				sent := time.Since(begin)
-				resp, err := replicas[int(n)%len(replicas)].Client.Check(ctx, reqs[k])
-				back := time.Since(begin)
+				a, err := checkArrival(ctx, replicas[int(n)%len(replicas)], reqs[k], k, begin)
 				if err != nil {
-					failed.Store(fmt.Errorf("gRPC error at %v: %v", sent, err))
-					return
-				}
-				st := httpStatus(resp)
-				if st != 200 && st != 429 {
-					failed.Store(fmt.Errorf("status %d at %v", st, sent))
+					failed.Store(err)
 					return
 				}
 				mu.Lock()
-				res.arrivals[k] = append(res.arrivals[k], arrival{key: k, sent: sent, back: back, allowed: st == 200})
+				res.arrivals[k] = append(res.arrivals[k], a)
 				mu.Unlock()
 			}
 		}()

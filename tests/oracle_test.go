@@ -52,6 +52,22 @@ type arrival struct {
 	allowed    bool
 }
 
+// checkArrival sends req for key k to s and records it as an arrival
+// timed from begin; anything but a 200 or a 429 is an error.
+func checkArrival(ctx context.Context, s *sidecar, req *authv3.CheckRequest, k int, begin time.Time) (arrival, error) {
+	sent := time.Since(begin)
+	resp, err := s.Client.Check(ctx, req)
+	back := time.Since(begin)
+	if err != nil {
+		return arrival{}, fmt.Errorf("gRPC error at %v: %v", sent, err)
+	}
+	st := httpStatus(resp)
+	if st != 200 && st != 429 {
+		return arrival{}, fmt.Errorf("status %d at %v", st, sent)
+	}
+	return arrival{key: k, sent: sent, back: back, allowed: st == 200}, nil
+}
+
 // exactBounds is what an exact bucket admits for a key over its limit
 // from its first to its last arrival (see the note above).
 func exactBounds(as []arrival) (lo, hi int) {
@@ -118,20 +134,13 @@ func runOracle(t *testing.T, replicas []*sidecar) {
 					return
 				}
 				k := rng.IntN(oracleKeys)
-				sent := time.Since(begin)
-				resp, err := replicas[int(n)%len(replicas)].Client.Check(ctx, reqs[k])
-				back := time.Since(begin)
+				a, err := checkArrival(ctx, replicas[int(n)%len(replicas)], reqs[k], k, begin)
 				if err != nil {
 					failed.Store(err)
 					return
 				}
-				st := httpStatus(resp)
-				if st != 200 && st != 429 {
-					failed.Store(fmt.Errorf("status %d", st))
-					return
-				}
 				mu.Lock()
-				arrivals = append(arrivals, arrival{key: k, sent: sent, back: back, allowed: st == 200})
+				arrivals = append(arrivals, a)
 				mu.Unlock()
 			}
 		}()

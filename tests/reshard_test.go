@@ -85,20 +85,13 @@ func testReshardUnderLoad(t *testing.T, mode string) {
 					return
 				}
 				k := rng.IntN(oracleKeys)
-				sent := time.Since(begin)
-				resp, err := replicas[int(n)%len(replicas)].Client.Check(runCtx, reqs[k])
-				back := time.Since(begin)
+				a, err := checkArrival(runCtx, replicas[int(n)%len(replicas)], reqs[k], k, begin)
 				if err != nil {
-					failed.Store(fmt.Errorf("gRPC error at %v: %v", sent, err))
-					return
-				}
-				st := httpStatus(resp)
-				if st != 200 && st != 429 {
-					failed.Store(fmt.Errorf("status %d at %v", st, sent))
+					failed.Store(err)
 					return
 				}
 				mu.Lock()
-				arrivals[k] = append(arrivals[k], arrival{key: k, sent: sent, back: back, allowed: st == 200})
+				arrivals[k] = append(arrivals[k], a)
 				mu.Unlock()
 			}
 		}()

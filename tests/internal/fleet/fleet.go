@@ -584,26 +584,12 @@ func (h hist) quantile(q float64) time.Duration {
 }
 
 func callsOf(m *redisstore.Metrics) map[string]int64 {
-	ch := make(chan prometheus.Metric, 256)
-	go func() { m.Calls.Collect(ch); close(ch) }()
 	out := map[string]int64{}
-	for pm := range ch {
-		var d dto.Metric
-		pm.Write(&d)
-		var op, result string
-		for _, l := range d.GetLabel() {
-			switch l.GetName() {
-			case "op":
-				op = l.GetValue()
-			case "result":
-				result = l.GetValue()
-			}
+	eachCall(m, func(op, result string, n float64) {
+		if result != "canceled" && result != "abandoned" {
+			out[op] += int64(n)
 		}
-		if result == "canceled" || result == "abandoned" {
-			continue
-		}
-		out[op] += int64(d.GetCounter().GetValue())
-	}
+	})
 	return out
 }
 
@@ -613,9 +599,19 @@ func timeoutsOf(m *redisstore.Metrics) int64 { return countResults(m, "timeout")
 func failedOf(m *redisstore.Metrics) int64   { return countResults(m, "timeout", "error") }
 
 func countResults(m *redisstore.Metrics, results ...string) int64 {
+	var total float64
+	eachCall(m, func(op, result string, n float64) {
+		if op != "probe" && op != "confirm" && slices.Contains(results, result) {
+			total += n
+		}
+	})
+	return int64(total)
+}
+
+// eachCall calls f with every series of m's Redis call counter.
+func eachCall(m *redisstore.Metrics, f func(op, result string, n float64)) {
 	ch := make(chan prometheus.Metric, 256)
 	go func() { m.Calls.Collect(ch); close(ch) }()
-	var n float64
 	for pm := range ch {
 		var d dto.Metric
 		pm.Write(&d)
@@ -628,11 +624,8 @@ func countResults(m *redisstore.Metrics, results ...string) int64 {
 				result = l.GetValue()
 			}
 		}
-		if op != "probe" && op != "confirm" && slices.Contains(results, result) {
-			n += d.GetCounter().GetValue()
-		}
+		f(op, result, d.GetCounter().GetValue())
 	}
-	return int64(n)
 }
 
 // masterStats are one master's INFO figures.
