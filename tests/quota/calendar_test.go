@@ -148,13 +148,8 @@ func TestCalendarScriptDecidesByRedisTime(t *testing.T) {
 		t.Fatalf("today: %v, want allowed, 1 left, reset in %dµs", r, wantReset)
 	}
 	args := append([]any{"take", 2, us(time.Date(2026, 10, 27, 0, 0, 0, 0, time.UTC).UnixNano()), 1}, bounds...)
-	err := rdb.Eval(context.Background(), calendarScriptSource(t), []string{"rl:{cal}:cal"}, args...).Err()
+	err := rdb.Eval(context.Background(), scriptSource(t, "calendar_window"), []string{"rl:{cal}:cal"}, args...).Err()
 	if err == nil || !strings.Contains(err.Error(), "outside the windows sent") {
 		t.Fatalf("Redis time two days on: %v, want an error", err)
 	}
-}
-
-func calendarScriptSource(t *testing.T) string {
-	t.Helper()
-	return readScript(t, "clock.lua") + readScript(t, "calendar_window.lua")
 }

@@ -6,8 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -132,7 +130,7 @@ func TestLeasePartialGrantAndReturn(t *testing.T) {
 // every script starts with, from the source tree.
 func runScript(t *testing.T, rdb *redis.Client, name string, keys []string, args ...any) []int64 {
 	t.Helper()
-	v, err := rdb.Eval(context.Background(), readScript(t, "clock.lua")+readScript(t, name+".lua"), keys, args...).Result()
+	v, err := rdb.Eval(context.Background(), scriptSource(t, name), keys, args...).Result()
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
@@ -146,14 +144,14 @@ func runScript(t *testing.T, rdb *redis.Client, name string, keys []string, args
 	return out
 }
 
-// readScript reads one of the store's Lua scripts from the source tree.
-func readScript(t *testing.T, file string) string {
+// scriptSource is the store's Lua script name as it is sent to Redis.
+func scriptSource(t *testing.T, name string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "internal", "quota", "redisstore", "scripts", file))
-	if err != nil {
-		t.Fatal(err)
+	src, ok := redisstore.ScriptSource(name)
+	if !ok {
+		t.Fatalf("no script %s", name)
 	}
-	return string(b)
+	return src
 }
 
 func TestKeysAreHashTagged(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 //go:embed scripts/calendar_window.lua
 var calendarWindowSrc string
 
-var calendarWindowScript = newScript(calendarWindowSrc)
+var calendarWindowScript = newScript("calendar_window", windowTakeSrc+calendarWindowSrc)
 
 // calendarSuffix keeps calendar windows in a key of their own, apart from
 // epoch-aligned fixed windows (":fw"): their starts may coincide (midnight

@@ -26,7 +26,7 @@ import (
 //go:embed scripts/reset.lua
 var resetSrc string
 
-var resetScript = newScript(resetSrc)
+var resetScript = newScript("reset", resetSrc)
 
 // partitionKeys lists every Redis key that may hold partition's counts.
 func (s *Store) partitionKeys(partition string) []string {

@@ -41,30 +41,51 @@ var (
 	//go:embed scripts/leaky_bucket.lua
 	leakyBucketSrc string
 
-	bucketLease         = newScript(bucketLeaseSrc)
-	bucketReturn        = newScript(bucketReturnSrc)
-	peersScript         = newScript(peersSrc)
-	fixedWindowScript   = newScript(fixedWindowSrc)
-	slidingWindowScript = newScript(slidingWindowSrc)
-	windowRefundScript  = newScript(windowRefundSrc)
-	slidingLogScript    = newScript(slidingLogSrc)
-	logRefundScript     = newScript(logRefundSrc)
-	leakyBucketScript   = newScript(leakyBucketSrc)
+	bucketLease         = newScript("bucket_lease", bucketLeaseSrc)
+	bucketReturn        = newScript("bucket_return", bucketReturnSrc)
+	peersScript         = newScript("peers", peersSrc)
+	fixedWindowScript   = newScript("fixed_window", windowTakeSrc+fixedWindowSrc)
+	slidingWindowScript = newScript("sliding_window", slidingWindowSrc)
+	windowRefundScript  = newScript("window_refund", windowRefundSrc)
+	slidingLogScript    = newScript("sliding_log", slidingLogSrc)
+	logRefundScript     = newScript("log_refund", logRefundSrc)
+	leakyBucketScript   = newScript("leaky_bucket", leakyBucketSrc)
 )
+
+// windowTakeSrc defines window_take, the count of one fixed window that
+// the fixed and calendar windows share.
+//
+//go:embed scripts/window_take.lua
+var windowTakeSrc string
 
 // clockSrc defines now_us, the time every script decides at.
 //
 //go:embed scripts/clock.lua
 var clockSrc string
 
-// scripts lists every script, for Warm.
-var scripts []*redis.Script
+// scripts lists every script, for Warm; sources holds each one's whole
+// source by name, for ScriptSource.
+var (
+	scripts []*redis.Script
+	sources = map[string]string{}
+)
 
-// newScript prepends the clock to src and registers the script for Warm.
-func newScript(src string) *redis.Script {
-	s := redis.NewScript(clockSrc + src)
+// newScript prepends the clock to src and registers the script, under
+// name, for Warm and ScriptSource.
+func newScript(name, src string) *redis.Script {
+	src = clockSrc + src
+	s := redis.NewScript(src)
 	scripts = append(scripts, s)
+	sources[name] = src
 	return s
+}
+
+// ScriptSource returns the whole source of the script name (its file's
+// name without .lua) as it is sent to Redis, preludes included: for tests
+// that run a script with arguments of their own.
+func ScriptSource(name string) (string, bool) {
+	src, ok := sources[name]
+	return src, ok
 }
 
 // keySuffix keeps each algorithm's state in a key of its own, after the

@@ -5,7 +5,7 @@
 -- internal/quota/calendar.go), and the script counts in the one holding
 -- Redis TIME.
 --
--- KEYS[1]  the counter, a hash laid out as fixed_window.lua's: w = start
+-- KEYS[1]  the counter, a hash laid out as window_take.lua's: w = start
 --          of the window counted (µs), c = units admitted in it.
 -- ARGV[1]  take or refund
 -- ARGV[2]  limit
@@ -14,8 +14,7 @@
 --          the units given back
 -- ARGV[5…] window bounds in µs, ascending: the windows [ARGV[i], ARGV[i+1])
 --
--- take returns {allowed, remaining, retry, reset, delay} as
--- fixed_window.lua does; refund returns 1 when units were given back.
+-- take returns window_take's {allowed, remaining, retry, reset, delay}; refund returns 1 when units were given back.
 -- Redis TIME outside every window sent (the clocks a window apart) is an
 -- error, not a guess.
 local limit = tonumber(ARGV[2])
@@ -38,11 +37,10 @@ if not ws then
   return redis.error_reply('calendar_window: time ' .. string.format('%d', now) .. ' is outside the windows sent')
 end
 
-local st = redis.call('HMGET', KEYS[1], 'w', 'c')
-local c = 0
-if tonumber(st[1]) == ws then c = tonumber(st[2]) or 0 end
-
 if ARGV[1] == 'refund' then
+  local st = redis.call('HMGET', KEYS[1], 'w', 'c')
+  local c = 0
+  if tonumber(st[1]) == ws then c = tonumber(st[2]) or 0 end
   if c > 0 then
     redis.call('HSET', KEYS[1], 'c', string.format('%d', math.max(c - n, 0)))
     return 1
@@ -50,15 +48,4 @@ if ARGV[1] == 'refund' then
   return 0
 end
 
-local left = we - now
-local spend = math.max(n, 1)
-if c + spend <= limit then
-  if n > 0 then
-    c = c + n
-    redis.call('HSET', KEYS[1], 'w', string.format('%d', ws), 'c', string.format('%d', c))
-    -- The count means nothing once its window is over.
-    redis.call('PEXPIRE', KEYS[1], math.max(math.ceil(left / 1000) + 1, keep))
-  end
-  return {1, limit - c, 0, left, 0}
-end
-return {0, 0, left, left, 0}
+return window_take(KEYS[1], ws, we, now, n, limit, keep)
