@@ -126,6 +126,32 @@ func TestLeasePartialGrantAndReturn(t *testing.T) {
 	}
 }
 
+// A debt (what a replica admitted by fallback while its master was down)
+// is charged before anything is granted, below empty by one capacity at
+// most: the wait then covers the deficit.
+func TestLeaseChargesDebtBelowEmpty(t *testing.T) {
+	srv := testredis.Start(t)
+	rdb := srv.Client()
+	clk := newClock()
+	// One token a second, capacity 10; ask for one, owing debt.
+	lease := func(key string, debt int) (granted, remaining, wait int64) {
+		t.Helper()
+		r := runScript(t, rdb, "bucket_lease", []string{key}, "1000000.000", 10, 1, 1, clk.Now().UnixMicro(), debt)
+		return r[0], r[1], r[2]
+	}
+	if g, rem, _ := lease("rl:{a}", 4); g != 1 || rem != 5 {
+		t.Fatalf("full bucket owing 4: granted %d, remaining %d; want 1 and 5", g, rem)
+	}
+	// 15 owed of a full 10: 5 below empty, and the next token 6s away.
+	if g, _, wait := lease("rl:{b}", 15); g != 0 || wait != 6_000_000 {
+		t.Fatalf("owing 15 of 10: granted %d, wait %dµs; want none and 6s", g, wait)
+	}
+	// 50 owed: charged down to one capacity below empty, 11s to a token.
+	if g, _, wait := lease("rl:{c}", 50); g != 0 || wait != 11_000_000 {
+		t.Fatalf("owing 50 of 10: granted %d, wait %dµs; want none and 11s", g, wait)
+	}
+}
+
 // runScript runs one of the store's Lua scripts, with the clock prelude
 // every script starts with, from the source tree.
 func runScript(t *testing.T, rdb *redis.Client, name string, keys []string, args ...any) []int64 {

@@ -15,7 +15,13 @@
 -- ARGV[6]  tokens this replica admitted without Redis (fallback decisions
 --          while its master was down), charged before anything is granted,
 --          so a bucket that survived the outage (a promoted replica) does
---          not hand them out again; the bucket goes no lower than empty.
+--          not hand them out again. Charged below empty, by one capacity
+--          at most: the replicas come back one by one and each charges its
+--          debt with its next lease, after the first back may have leased
+--          what the bucket refilled meanwhile, so a floor at empty would
+--          forgive the later debts (and admit them twice). One capacity
+--          bounds what an outage costs afterwards: refill beyond capacity
+--          during it was lost to Redis, not spent twice.
 --          Empty or 0: none.
 --
 -- Returns {granted, remaining, wait, full}: tokens granted (fewer than
@@ -43,7 +49,7 @@ end
 
 local dirty = false
 if debt > 0 then
-  used = math.min(used + debt, math.max(used, cap))
+  used = math.min(used + debt, math.max(used, 2 * cap))
   dirty = true
 end
 
