@@ -108,7 +108,7 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 		cancel()
 	}
 	p.peers = redisstore.NewPeers(p.store, redisstore.ReplicaID(os.Getenv(ReplicaIDEnv)), cfg.Fallback.PeerTTL, cfg.Fallback.MinPeers, log)
-	p.hybrid = redisstore.NewHybrid(table, p.store, p.peers, redisstore.HybridOptions{SliceIdle: cfg.Local.SliceIdle, Log: log})
+	p.hybrid = redisstore.NewHybrid(table, p.store, p.peers, redisstore.HybridOptions{SliceIdle: cfg.Local.SliceIdle, LeaseTTL: cfg.Local.LeaseTTL, Log: log})
 	fallback := local.NewFallback(counts)
 	p.redisMode = redisstore.NewResilient(redisstore.NewRedis(p.store, table), table, fallback, p.peers, p.store)
 	p.hybridMode = redisstore.NewResilient(p.hybrid, p.hybrid, fallback, p.peers, p.store)

@@ -138,6 +138,10 @@ type Redis struct {
 type Local struct {
 	MaxKeys   int
 	SliceIdle time.Duration // hybrid: unspent tokens go back to Redis after this
+	// LeaseTTL is how long a hybrid lease may be spent: Redis counts its
+	// tokens as out until then, so no lease life lets the replicas admit
+	// more than one bucket would (quota/redisstore/scripts/bucket_state.lua).
+	LeaseTTL time.Duration
 	// MaxLogBytes bounds what any one sliding_log policy's logs may take
 	// in this process at worst (SlidingLogBytes); a policy that could take
 	// more is refused.

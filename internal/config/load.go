@@ -85,6 +85,7 @@ func (t *rawClientTLS) decodeNode(n *yaml.Node, path string, errs *Errors) {
 type rawLocal struct {
 	MaxKeys     int    `yaml:"max_keys"`
 	SliceIdle   string `yaml:"slice_idle"`
+	LeaseTTL    string `yaml:"lease_ttl"`
 	MaxLogBytes string `yaml:"max_log_bytes"`
 }
 

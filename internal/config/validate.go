@@ -32,6 +32,8 @@ const (
 	DefaultKeyPrefix  = "rl:"
 	DefaultMaxKeys    = 100_000
 	DefaultSliceIdle  = time.Second
+	DefaultLeaseTTL   = 30 * time.Second
+	maxLeaseTTL       = 10 * time.Minute
 	DefaultPeerTTL    = 15 * time.Second
 	DefaultMinPeers   = 2
 	DefaultKeyHeader  = "x-api-key"
@@ -71,7 +73,7 @@ var (
 func validate(r *rawConfig, errs *Errors) *Config {
 	c := &Config{
 		Listen: Listen{GRPC: DefaultGRPC, Admin: DefaultAdmin, Reflection: r.Listen.Reflection},
-		Local:  Local{MaxKeys: DefaultMaxKeys, SliceIdle: DefaultSliceIdle, MaxLogBytes: DefaultMaxLogBytes},
+		Local:  Local{MaxKeys: DefaultMaxKeys, SliceIdle: DefaultSliceIdle, LeaseTTL: DefaultLeaseTTL, MaxLogBytes: DefaultMaxLogBytes},
 		Fallback: Fallback{
 			PeerTTL:  DefaultPeerTTL,
 			MinPeers: DefaultMinPeers,
@@ -138,6 +140,10 @@ func validate(r *rawConfig, errs *Errors) *Config {
 		errs.add("local.max_keys", "%d must be at least 1", r.Local.MaxKeys)
 	}
 	durationField(r.Local.SliceIdle, "local.slice_idle", &c.Local.SliceIdle, errs)
+	durationField(r.Local.LeaseTTL, "local.lease_ttl", &c.Local.LeaseTTL, errs)
+	if c.Local.LeaseTTL > maxLeaseTTL {
+		errs.add("local.lease_ttl", "%s is over %s: a replica that dies strands its leases' tokens until they end", c.Local.LeaseTTL, maxLeaseTTL)
+	}
 	if r.Local.MaxLogBytes != "" {
 		if n, ok := parseBytes(r.Local.MaxLogBytes); ok && n > 0 {
 			c.Local.MaxLogBytes = n

@@ -37,8 +37,8 @@ func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 	const peers = 3
 	primary, levels := quota.Limiter(redisstore.NewRedis(store, table)), redisstore.LevelSource(table)
 	if mode == "hybrid" {
-		// The default idle time: it sizes the first slices (see below).
-		h := redisstore.NewHybrid(table, store, fixedPeers(peers), redisstore.HybridOptions{SliceIdle: time.Second, Metrics: m, Log: quiet, Now: clk.Now})
+		// The defaults: the lease life sizes the slices (see below).
+		h := redisstore.NewHybrid(table, store, fixedPeers(peers), redisstore.HybridOptions{Metrics: m, Log: quiet, Now: clk.Now})
 		primary, levels = h, h // as cmd/extauthz wires it
 	}
 	r := redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(peers), store).WithClock(clk.Now)
@@ -71,17 +71,17 @@ func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 		}
 	}
 	// Worked by hand: redis mode leaves 30 in Redis, a third is 10. In
-	// hybrid mode the first lease is 1 token (the tokens Redis refills
-	// within the second's idle time: one, at one per 667ms), the next seven are slices
-	// of 7 (a quarter of the bucket over three replicas), then a sixth of
-	// what Redis holds as it runs low: 6 of 40, then 5 of 34, leaving 29.
-	// The 60th decision spent the fourth of those 5, so one is left in
-	// the slice. The other two replicas may each have leased a slice of
-	// at most 7 since this one's last lease, so the fallback counts 29 −
-	// 2 × 7 = 15 in Redis, and a third of that is 5.
+	// hybrid mode every slice is a quarter of the bucket over three
+	// replicas, 7 (their share of what refills over a lease's life, 15,
+	// is more), until half of what Redis holds over the replicas is less:
+	// seven slices of 7 leave 41, then 6 of 41 and 5 of 35 leave 30, and
+	// the 60th decision spent the last of those 5, so none is left in the
+	// slice. The other two replicas may each have leased a slice of at
+	// most 7 since this one's last lease, so the fallback counts 30 −
+	// 2 × 7 = 16 in Redis, and a third of that is 5.
 	wantSlice, wantFallback := 0, 10
 	if mode == "hybrid" {
-		wantSlice, wantFallback = 1, 5
+		wantSlice, wantFallback = 0, 5
 	}
 	used, err := srv.Client().HGet(ctx, "rl:{k}", "used").Float64()
 	if err != nil {

@@ -248,7 +248,9 @@ func TestHybridCallsPerThousand(t *testing.T) {
 	}
 }
 
-// Unspent tokens go back to Redis when a slice idles out, and at shutdown.
+// An idle slice's unspent tokens go back to Redis when the bucket is
+// short of them (last seen below half full), and at shutdown; far from
+// the limit an idle lease is left to end, costing no call.
 func TestHybridReturnsUnspentTokens(t *testing.T) {
 	srv := testredis.Start(t)
 	rdb := srv.Client()
@@ -256,11 +258,6 @@ func TestHybridReturnsUnspentTokens(t *testing.T) {
 	r := newReplicas(t, rdb, clk, 1, 1000, time.Second)[0]
 	ctx := context.Background()
 	l := quota.Limit{Limit: 1000, Window: 1000 * time.Hour} // refills too slowly to matter here
-	// Build a rate so slices grow beyond one token.
-	for i := 0; i < 200; i++ {
-		clk.Advance(time.Millisecond)
-		r.h.Take(ctx, "idle", l, 1, clk.Now())
-	}
 	used := func() float64 {
 		v, err := rdb.HGet(ctx, "rl:{idle}", "used").Float64()
 		if err == redis.Nil {
@@ -268,31 +265,54 @@ func TestHybridReturnsUnspentTokens(t *testing.T) {
 		}
 		return v
 	}
+	spend := func(n int) {
+		for i := 0; i < n; i++ {
+			clk.Advance(time.Millisecond)
+			if d, err := r.h.Take(ctx, "idle", l, 1, clk.Now()); err != nil || !d.Allowed {
+				t.Fatalf("denied far from the limit: %+v %v", d, err)
+			}
+		}
+	}
+	idleReturns := func() float64 { return testutil.ToFloat64(r.m.TokensReturned.WithLabelValues("idle")) }
+	returnCalls := func() float64 { return testutil.ToFloat64(r.m.Calls.WithLabelValues("return", "ok")) }
+
+	// Far from the limit (200 of 1,000 spent): the idle lease stays.
+	spend(200)
 	if u := used(); u <= 200 {
 		t.Fatalf("Redis shows %v tokens in use; expected the 200 spent plus an unspent slice", u)
 	}
+	far := used()
+	clk.Advance(1100 * time.Millisecond)
+	r.h.Sweep(clk.Now(), time.Second, "idle")
+	if u, c := used(), returnCalls(); u != far || c != 0 {
+		t.Fatalf("far from the limit an idle lease went back: %v in use (was %v), %v return calls", u, far, c)
+	}
+
+	// Below half full: after the idle time the unspent tokens go back.
+	spend(400)
+	before := used()
+	if before <= 600 {
+		t.Fatalf("Redis shows %v tokens in use; expected the 600 spent plus an unspent slice", before)
+	}
 	clk.Advance(500 * time.Millisecond)
 	r.h.Sweep(clk.Now(), time.Second, "idle")
-	if u := used(); u <= 200 {
-		t.Fatalf("returned before the slice was idle: %v in use", u)
+	if u := used(); u != before {
+		t.Fatalf("returned before the slice was idle: %v in use, was %v", u, before)
 	}
 	clk.Advance(600 * time.Millisecond)
 	r.h.Sweep(clk.Now(), time.Second, "idle")
-	if u := used(); u < 199.9 || u > 200.1 {
-		t.Fatalf("after the idle time Redis shows %v tokens in use, want the 200 spent", u)
+	if u := used(); u < 599.9 || u > 600.1 {
+		t.Fatalf("after the idle time Redis shows %v tokens in use, want the 600 spent", u)
 	}
-	if got := testutil.ToFloat64(r.m.TokensReturned.WithLabelValues("idle")); got == 0 {
-		t.Fatal("no idle returns counted")
+	if got, want := idleReturns(), before-600; got < want-0.01 || got > want+0.01 {
+		t.Fatalf("%v tokens counted as returned idle, want the %v unspent", got, want)
 	}
 
 	// At shutdown every unspent token goes back.
-	for i := 0; i < 50; i++ {
-		clk.Advance(time.Millisecond)
-		r.h.Take(ctx, "idle", l, 1, clk.Now())
-	}
+	spend(50)
 	r.h.Close(ctx)
-	if u := used(); u < 249.9 || u > 250.1 {
-		t.Fatalf("after Close Redis shows %v tokens in use, want 250", u)
+	if u := used(); u < 649.9 || u > 650.1 {
+		t.Fatalf("after Close Redis shows %v tokens in use, want 650", u)
 	}
 }
 

@@ -11,52 +11,77 @@ import (
 	"github.com/extauthz/extauthz/internal/quota"
 )
 
-// Design note: hybrid mode keeps each bucket in Redis and spends it in
-// slices. A replica leases a slice of tokens with one atomic script call
-// (bucket_lease.lua, a partial grant when fewer remain) and spends it
-// locally with no I/O. Tokens leave Redis before they are spent, so the
-// replicas together never admit more than the bucket allows; what they can
-// lose is the unspent remainder of slices, which goes back to Redis when a
-// slice idles out, when its key is evicted from the cache, and at shutdown.
+// Design note: hybrid mode keeps each count in Redis and spends it in
+// leases. A replica leases a slice of a key's tokens with one atomic
+// script call (a partial grant when fewer remain) and spends it locally
+// with no I/O until the slice runs out or the lease ends; the next lease
+// call retires the previous one, giving back what was not spent.
 //
-// Slices are sized by demand: enough for the key's local traffic over the
-// Horizon (a second by default, the default slice idle time: a slice covers
-// what is expected before it would go back), at least one token, at most a quarter of the
-// bucket divided by the replica count, and at most half of what Redis last
-// said remained, divided by the replica count. A key's first decision on a
-// replica has no rate yet: it leases one token, spent at once, an exact
-// call that also reports the bucket's level. A key that comes back soon
-// leases for its rate. Far from the limit a busy key leases large slices
-// and rarely calls Redis; near the limit slices shrink to one token and
-// every decision is exact. What a replica can hold unspent is bounded by
-// the quarter-bucket share, and goes back after the idle time. A lease
-// that finds the bucket empty is cached as "denied until the next token is
-// due", answered locally until then. Concurrent misses on one key make one
-// Redis call at a time: the first request leases while the others wait
-// for it, and the next lease is sized for all of them.
+// Leases live for LeaseTTL (30s by default), long enough for a key that
+// comes back to a replica every few seconds to find tokens waiting. That
+// is safe because Redis counts what is out: bucket_state.lua keeps the
+// tokens of unexpired leases by expiry (a handful of fields per key, not
+// one per replica) and never refills the bucket's level above capacity
+// less what is out, so the replicas together admit at most one bucket's
+// burst + rate × T in any interval T, whatever the lease life (the proof
+// is in bucket_state.lua). A replica stops spending a lease at the
+// instant it asked for it plus its life, on its own monotonic clock, so
+// it stops before Redis stops counting the lease. A replica that dies
+// strands its leases' unspent tokens until they end: under-use, bounded
+// by a slice per key, never over-admission.
 //
-// Only the token bucket leases. Fixed and sliding window counts could be
-// leased the same way, but a count leased in one window is worthless in
-// the next, and a sliding log or a leaky bucket's slots cannot be spent
-// out of order; hybrid policies with those algorithms make one exact
-// redis-mode script call per decision, so they too never admit more than
-// the limit.
+// The fixed and sliding windows lease too: a lease is a count taken in
+// the current window, and it dies with the window (its life is what is
+// left of the window, as Redis reports it), so it is never spent in the
+// next; within a window a sliding window's estimate of the counts already
+// taken only falls. The sliding log and the leaky bucket make one exact
+// call per decision: a log's entries and a leaky bucket's slots are
+// instants, which a replica cannot spend later than Redis recorded them.
+// Calendar windows too: their bounds follow a time zone that only the
+// replica computes.
+//
+// Slices are sized from what the lease may be spent on: this replica's
+// share of what the limit refills over a lease's life (limit rate × life
+// ÷ replicas), or its own demand over that life when higher, at most a
+// quarter of the bucket divided by the replica count, and, in the script,
+// at most half of what Redis holds available divided by the replica
+// count, but never less than the request's cost. A key's first lease on a
+// replica is thus sized from the bucket's level, the replicas and the
+// lease life; far from the limit a key leases large slices and rarely
+// calls Redis; near the limit slices shrink to the request's cost and
+// every decision is exact. A lease call that finds too little is answered
+// as a denial, cached as "denied until the tokens are due" when one token
+// was missing. Concurrent misses on one key make one Redis call at a
+// time: the first request leases while the others wait for it, and the
+// next lease is sized for all of them.
+//
+// What a replica holds unspent goes back to Redis when it retires the
+// lease with its next one, when the key is evicted, at shutdown, and
+// after SliceIdle unused when the bucket was last seen below half full
+// (others may be short of those tokens); far from the limit an idle
+// lease is left to end, costing no call.
 
 // slice is a key's hybrid lease in its Table entry, guarded by the entry's
 // shard lock. The entry's level (remote, remoteAt) is what Redis held at
 // the last lease.
 type slice struct {
-	tokens      int64   // leased from Redis, not yet spent
-	interval    int64   // ns per token of the limit last leased under
-	deniedUntil int64   // unix ns until which the Redis bucket is known empty
-	fullAt      int64   // unix ns at which the Redis bucket is full, as of the last lease
-	lastUsed    int64   // unix ns of the last decision or refund
-	count       int64   // decisions since the last lease
-	rate        float64 // smoothed decisions per second on this replica
-	flight      *flight // the lease in progress, if any
-	waiting     int64   // requests waiting for a lease of this key
-	holding     bool    // registered with Hybrid.holders
-	evicted     bool    // pushed out of the cache
+	tokens      int64     // leased from Redis, not yet spent
+	granted     int64     // the lease's size, retired with it (0: no lease held)
+	leaseID     int64     // the lease's name in Redis: a bucket's expiry (ms), a window's start (µs)
+	until       time.Time // this replica spends the lease until then
+	window      time.Duration
+	capacity    int64           // of the limit leased under
+	interval    int64           // ns per token of the limit last leased under
+	algorithm   quota.Algorithm // of the lease held
+	deniedUntil int64           // unix ns until which the Redis count is known spent
+	fullAt      int64           // unix ns at which the Redis bucket is full, as of the last lease
+	lastUsed    int64           // unix ns of the last decision or refund
+	count       int64           // decisions since the last lease
+	rate        float64         // smoothed decisions per second on this replica
+	flight      *flight         // the lease in progress, if any
+	waiting     int64           // requests waiting for a lease of this key
+	holding     bool            // registered with Hybrid.holders
+	evicted     bool            // pushed out of the cache
 }
 
 // flight is one lease call in progress; waiters block on done.
@@ -65,27 +90,35 @@ type flight struct {
 	err  error
 }
 
-// DefaultHorizon is how much of a key's traffic a slice covers by default.
-const DefaultHorizon = time.Second
+// DefaultLeaseTTL is how long a lease may be spent when HybridOptions
+// leaves it zero (config.DefaultLeaseTTL).
+const DefaultLeaseTTL = 30 * time.Second
+
+// leaseMargin is taken off a lease's life on the replica: Redis counts
+// the lease until its expiry rounded up to the grain, and the replica
+// stops a little before the life measured from its send, so clocks that
+// run apart by up to a percent never let a replica spend a lease Redis no
+// longer counts.
+const leaseMargin = 100 // 1/100 of the life
 
 // PeerCounter reports how many replicas share the store.
 type PeerCounter interface{ Count() int64 }
 
 // HybridOptions configures a Hybrid limiter.
 type HybridOptions struct {
-	// SliceIdle: unspent tokens go back to Redis after this long unused.
+	// SliceIdle: an idle slice's unspent tokens go back to Redis after
+	// this long unused, when the bucket was short of them.
 	SliceIdle time.Duration
-	// Horizon is how much of a key's traffic one slice should cover
-	// (default DefaultHorizon).
-	Horizon time.Duration
-	Metrics *Metrics // nil: the store's
-	Log     *slog.Logger
+	// LeaseTTL is how long a lease may be spent (DefaultLeaseTTL).
+	LeaseTTL time.Duration
+	Metrics  *Metrics // nil: the store's
+	Log      *slog.Logger
 	// Now is the idle sweeper's clock (time.Now by default); decisions use
 	// the now they are given.
 	Now func() time.Time
 }
 
-// Hybrid spends local slices of Redis buckets. See the design note above.
+// Hybrid spends local slices of Redis counts. See the design note above.
 type Hybrid struct {
 	table *Table
 	store *Store
@@ -95,28 +128,31 @@ type Hybrid struct {
 	holdersMu sync.Mutex
 	holders   map[string]*keyState // keys whose entries hold tokens
 
-	returns  chan giveback // tokens to give back, from evictions and refunds
+	returns  chan giveback // leases to give back, from evictions and refunds
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
 }
 
+// giveback is a lease (or plain tokens, lease.id 0) to return to Redis.
 type giveback struct {
-	key    string
-	n      int64
-	reason string
+	key       string
+	algorithm quota.Algorithm
+	window    time.Duration
+	lease     held
+	reason    string
 }
 
 var _ quota.Limiter = (*Hybrid)(nil)
 
-// NewHybrid returns a hybrid limiter keeping slices in table and buckets
+// NewHybrid returns a hybrid limiter keeping slices in table and counts
 // in store, and starts its background returns. Close stops it.
 func NewHybrid(table *Table, store *Store, peers PeerCounter, opts HybridOptions) *Hybrid {
 	if opts.SliceIdle <= 0 {
 		opts.SliceIdle = time.Second
 	}
-	if opts.Horizon <= 0 {
-		opts.Horizon = DefaultHorizon
+	if opts.LeaseTTL <= 0 {
+		opts.LeaseTTL = DefaultLeaseTTL
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -144,10 +180,21 @@ func NewHybrid(table *Table, store *Store, peers PeerCounter, opts HybridOptions
 	return h
 }
 
-// Take implements Limiter. Only token buckets lease slices; every other
-// algorithm is decided by its exact redis-mode script.
+// leases reports whether hybrid mode leases l's counts (see the design
+// note); every other limit is decided by its exact redis-mode script.
+func leases(l quota.Limit) bool {
+	switch l.Algorithm {
+	case quota.TokenBucket:
+		return true
+	case quota.FixedWindow, quota.SlidingWindow:
+		return l.Calendar == nil
+	}
+	return false
+}
+
+// Take implements Limiter.
 func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
-	if l.Algorithm != quota.TokenBucket {
+	if !leases(l) {
 		d, err := h.store.decide(ctx, key, l, n)
 		if err == nil && l.OnError == quota.ErrorFallback {
 			h.table.record(key, d.Remaining, now)
@@ -161,6 +208,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 	e.count += n
 	e.lastUsed = ns
 	for {
+		h.endLeaseLocked(key, e, l, now)
 		if e.tokens >= need {
 			e.tokens -= n
 			d := h.allowLocked(e, l, ns)
@@ -202,17 +250,24 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 			continue
 		}
 
-		// The slice holds fewer tokens than this request needs: lease
-		// the rest, all or none, and a slice for what comes next.
-		missing := need - e.tokens
-		want := max(h.sliceSizeLocked(e, l, ns), missing)
+		// The slice holds fewer tokens than this request needs: retire
+		// it, giving back what is left, and lease this request's tokens
+		// and a slice for what comes next, all in one call. Nobody spends
+		// the old slice meanwhile; if the call fails, what it held is
+		// lost to this replica until the lease ends in Redis: under-use.
+		want := max(h.sliceSizeLocked(e, l, ns), need)
+		old := held{id: e.leaseID, granted: e.granted, unspent: e.tokens}
+		e.tokens, e.granted, e.leaseID = 0, 0, 0
 		f := &flight{done: make(chan struct{})}
 		e.flight = f
-		debt := e.debt // fallback admissions, charged with this lease
-		e.debt = 0
+		var debt int64
+		if l.Algorithm == quota.TokenBucket {
+			debt, e.debt = e.debt, 0 // fallback admissions, charged with this lease
+		}
+		peers := max(h.peers.Count(), 1)
 		sh.Unlock()
 
-		ls, err := h.store.lease(ctx, key, l, want, missing, debt)
+		ls, err := h.lease(ctx, key, l, want, need, debt, peers, old)
 
 		sh = h.table.Lock(key)
 		e.flight = nil
@@ -223,14 +278,17 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 			sh.Unlock()
 			return quota.Decision{}, err
 		}
+		if old.unspent > 0 {
+			h.opts.Metrics.TokensReturned.WithLabelValues("renewed").Add(float64(old.unspent))
+		}
 		if ls.granted > 0 {
 			h.opts.Metrics.SlicesLeased.Inc()
 			h.opts.Metrics.TokensLeased.Add(float64(ls.granted))
 		}
 		if e.evicted {
 			// The key left the cache while we were away: its entry is
-			// gone, so hand the tokens back and carry on with a new one.
-			h.enqueue(key, ls.granted, "evicted")
+			// gone, so hand the lease back and carry on with a new one.
+			h.enqueue(giveback{key: key, algorithm: l.Algorithm, window: l.Window, lease: held{id: ls.id, granted: ls.granted, unspent: ls.granted}, reason: "evicted"})
 			e = stateLocked(sh, key)
 			continue
 		}
@@ -238,32 +296,90 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		e.fullAt = ns + int64(ls.full)
 		e.count = 0
 		if ls.granted == 0 {
-			if missing > 1 {
+			if need > 1 {
 				// Redis lacks this request's tokens, not necessarily one:
 				// deny this request alone, and cache nothing.
-				d := quota.Decision{Limit: l.Limit, Remaining: e.tokens + ls.remaining, RetryAfter: max(ls.wait, time.Microsecond), ResetAfter: time.Duration(max(e.fullAt-ns, 0))}
+				d := quota.Decision{Limit: l.Limit, Remaining: ls.remaining, RetryAfter: max(ls.wait, time.Microsecond), ResetAfter: time.Duration(max(e.fullAt-ns, 0))}
 				sh.Unlock()
 				return d, nil
 			}
 			e.deniedUntil = ns + int64(max(ls.wait, time.Microsecond))
 			continue
 		}
-		e.tokens += ls.granted
-		e.interval = l.Interval()
+		e.tokens, e.granted, e.leaseID = ls.granted, ls.granted, ls.id
+		e.until = now.Add(ls.life - ls.life/leaseMargin)
+		e.algorithm, e.window, e.capacity, e.interval = l.Algorithm, l.Window, capacityOf(l), l.Interval()
 		h.holdLocked(key, e)
 	}
 }
 
-// allowLocked is the decision for a token just spent from the slice. The
+// leased is one lease call's outcome, for any algorithm that leases.
+type leased struct {
+	granted, remaining, id int64
+	wait, full, life       time.Duration
+}
+
+// lease asks Redis for between need and want units of key under l,
+// retiring old, with the script of l's algorithm.
+func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, need, debt, peers int64, old held) (leased, error) {
+	if l.Algorithm == quota.TokenBucket {
+		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: want, need: need, debt: debt, life: h.opts.LeaseTTL, peers: peers, retire: old})
+		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: h.opts.LeaseTTL}, err
+	}
+	w, err := h.store.leaseWindow(ctx, key, l, want, need, peers, old)
+	return leased{granted: w.granted, remaining: w.Remaining, id: w.id, wait: w.RetryAfter, full: w.ResetAfter, life: min(w.left, h.opts.LeaseTTL)}, err
+}
+
+// endLeaseLocked drops e's lease when it has ended, or when it was taken
+// under another algorithm (a reload), handing the latter back.
+func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time.Time) {
+	if e.granted == 0 {
+		return
+	}
+	if e.algorithm != l.Algorithm {
+		h.enqueue(giveback{key: key, algorithm: e.algorithm, window: e.window, lease: held{id: e.leaseID, granted: e.granted, unspent: e.tokens}, reason: "reload"})
+		e.tokens, e.granted, e.leaseID = 0, 0, 0
+		return
+	}
+	if !now.Before(e.until) {
+		h.expireLocked(e)
+	}
+}
+
+// expireLocked drops an ended lease: its unspent tokens stop counting in
+// Redis by themselves. The lease stays named (granted, leaseID) so the
+// next lease call retires it from what Redis counts as out, if Redis
+// still counts it.
+func (h *Hybrid) expireLocked(e *keyState) {
+	if e.tokens > 0 {
+		h.opts.Metrics.TokensReturned.WithLabelValues("expired").Add(float64(e.tokens))
+		e.tokens = 0
+	}
+}
+
+// capacityOf is the most l's count can hold: a token bucket's burst, a
+// window's limit.
+func capacityOf(l quota.Limit) int64 {
+	if l.Algorithm == quota.TokenBucket {
+		return l.Capacity()
+	}
+	return l.Limit
+}
+
+// allowLocked is the decision for a unit just spent from the slice. The
 // remaining count is an estimate: this slice plus what Redis held at the
-// last lease and has refilled since; other replicas' slices are not seen.
+// last lease (a bucket: and has refilled since); other replicas' slices
+// are not seen.
 func (h *Hybrid) allowLocked(e *keyState, l quota.Limit, ns int64) quota.Decision {
-	capacity := l.Capacity()
-	remote := e.remote + (ns-e.remoteAt)/l.Interval()
+	capacity := capacityOf(l)
+	remote := e.remote
+	if l.Algorithm == quota.TokenBucket {
+		remote += (ns - e.remoteAt) / l.Interval()
+	}
 	return quota.Decision{
 		Allowed:    true,
 		Limit:      l.Limit,
-		Remaining:  min(e.tokens+remote, capacity-1),
+		Remaining:  max(min(e.tokens+remote, capacity-1), 0),
 		ResetAfter: time.Duration(max(e.fullAt-ns, 0)),
 	}
 }
@@ -281,22 +397,15 @@ func (h *Hybrid) sliceSizeLocked(e *keyState, l quota.Limit, ns int64) int64 {
 			e.rate = 0.5*e.rate + 0.5*inst
 		}
 	}
-	capacity := l.Capacity()
 	peers := max(h.peers.Count(), 1)
-	want := int64(math.Ceil(e.rate * h.opts.Horizon.Seconds()))
-	// Tokens that Redis refills within the idle time cost nobody anything
-	// if they go unspent: lease at least those, so a key that comes back
-	// within the idle time finds them here, and let them expire unspent
-	// rather than spend a call giving them back (Sweep).
-	free := int64(h.opts.SliceIdle) / l.Interval()
-	want = max(want, free, e.waiting+1, 1)
-	byShare := maxSlice(capacity, peers)
-	remote := capacity
-	if e.remoteAt != 0 {
-		remote = min(e.remote+(ns-e.remoteAt)/l.Interval(), capacity)
+	life := h.opts.LeaseTTL
+	if l.Algorithm != quota.TokenBucket {
+		life = min(life, l.Window)
 	}
-	byRemote := max(remote/(2*peers), 1)
-	return min(want, byShare, byRemote)
+	demand := int64(math.Ceil(e.rate * life.Seconds()))
+	share := int64(math.Ceil(float64(l.Limit) * float64(life) / float64(l.Window) / float64(peers)))
+	want := max(demand, share, e.waiting+1, 1)
+	return min(want, maxSlice(capacityOf(l), peers))
 }
 
 // maxSlice is the most tokens one lease takes of a bucket of capacity
@@ -304,25 +413,25 @@ func (h *Hybrid) sliceSizeLocked(e *keyState, l quota.Limit, ns int64) int64 {
 func maxSlice(capacity, peers int64) int64 { return max(capacity/(4*peers), 1) }
 
 // Refund implements quota.Limiter: the units go back into the local
-// slice, to be spent or given back later (other algorithms: to Redis at
-// once).
-func (h *Hybrid) Refund(ctx context.Context, key string, l quota.Limit, n int64, _ time.Time) error {
-	if l.Algorithm != quota.TokenBucket {
+// slice, to be spent or given back later; when the slice's lease has
+// ended, to Redis.
+func (h *Hybrid) Refund(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) error {
+	if !leases(l) {
 		return h.store.refund(ctx, key, l, n)
 	}
 	sh := h.table.Lock(key)
-	if e, ok := sh.Peek(key); ok && !e.evicted {
+	if e, ok := sh.Peek(key); ok && !e.evicted && e.granted > 0 && e.algorithm == l.Algorithm && now.Before(e.until) {
 		e.tokens += n
 		h.holdLocked(key, e)
 		sh.Unlock()
 		return nil
 	}
 	sh.Unlock()
-	h.enqueue(key, n, "refund")
+	h.enqueue(giveback{key: key, algorithm: l.Algorithm, window: l.Window, lease: held{unspent: n}, reason: "refund"})
 	return nil
 }
 
-// holdLocked registers e as holding tokens, for the idle sweeper.
+// holdLocked registers e as holding a lease, for the idle sweeper.
 func (h *Hybrid) holdLocked(key string, e *keyState) {
 	if e.holding {
 		return
@@ -336,21 +445,24 @@ func (h *Hybrid) holdLocked(key string, e *keyState) {
 // evicted is the cache's eviction callback, called with the shard locked.
 func (h *Hybrid) evicted(key string, e *keyState) {
 	e.evicted = true
-	if e.tokens > 0 {
-		h.enqueue(key, e.tokens, "evicted")
-		e.tokens = 0
+	if e.granted > 0 {
+		if !h.opts.Now().Before(e.until) {
+			h.expireLocked(e)
+		}
+		h.enqueue(giveback{key: key, algorithm: e.algorithm, window: e.window, lease: held{id: e.leaseID, granted: e.granted, unspent: e.tokens}, reason: "evicted"})
+		e.tokens, e.granted, e.leaseID = 0, 0, 0
 	}
 }
 
-// enqueue hands tokens to the background returner. It never blocks: when
-// the queue is full the tokens are dropped, which only under-uses the
-// bucket until it refills.
-func (h *Hybrid) enqueue(key string, n int64, reason string) {
-	if n <= 0 {
+// enqueue hands a lease to the background returner. It never blocks: when
+// the queue is full the lease is dropped, which only under-uses the
+// bucket until the lease ends.
+func (h *Hybrid) enqueue(g giveback) {
+	if g.lease.unspent <= 0 && g.lease.granted <= 0 {
 		return
 	}
 	select {
-	case h.returns <- giveback{key: key, n: n, reason: reason}:
+	case h.returns <- g:
 	default:
 	}
 }
@@ -368,13 +480,26 @@ func (h *Hybrid) returnLoop() {
 }
 
 func (h *Hybrid) giveBack(ctx context.Context, g giveback) {
-	if err := h.store.giveBack(ctx, g.key, g.n); err != nil {
-		return // the bucket refills by itself; a lost return only under-uses it
+	var err error
+	switch g.algorithm {
+	case quota.TokenBucket:
+		err = h.store.giveBack(ctx, g.key, g.lease.unspent, g.lease)
+	default:
+		if g.lease.unspent <= 0 {
+			return // a window lease ends with its window: nothing to retire
+		}
+		err = h.store.refund(ctx, g.key, quota.Limit{Algorithm: g.algorithm, Window: g.window}, g.lease.unspent)
 	}
-	h.opts.Metrics.TokensReturned.WithLabelValues(g.reason).Add(float64(g.n))
+	if err != nil {
+		return // the lease ends by itself; a lost return only under-uses the count
+	}
+	if g.lease.unspent > 0 {
+		h.opts.Metrics.TokensReturned.WithLabelValues(g.reason).Add(float64(g.lease.unspent))
+	}
 }
 
-// sweepLoop gives back the tokens of slices unused for SliceIdle.
+// sweepLoop ends the leases that have ended and gives back the idle ones
+// that are worth a call.
 func (h *Hybrid) sweepLoop() {
 	defer h.wg.Done()
 	t := time.NewTicker(max(h.opts.SliceIdle/4, 10*time.Millisecond))
@@ -389,10 +514,12 @@ func (h *Hybrid) sweepLoop() {
 	}
 }
 
-// Sweep gives back the tokens of every slice unused for at least idle as of
-// now, but for the idle sweep's small remainders that Redis refills within
-// the idle time anyway, which are left to expire. Close calls it with idle
-// 0 to return everything.
+// Sweep goes over every key holding a lease as of now: a lease that has
+// ended is dropped (no call: Redis stops counting it by itself); one
+// unused for at least idle goes back to Redis when its bucket was last
+// seen below half full, where other replicas may be short of its tokens
+// (idle "idle"), or always (any other reason: Close gives everything
+// back with idle 0).
 func (h *Hybrid) Sweep(now time.Time, idle time.Duration, reason string) {
 	ns := now.UnixNano()
 	h.holdersMu.Lock()
@@ -402,37 +529,37 @@ func (h *Hybrid) Sweep(now time.Time, idle time.Duration, reason string) {
 	}
 	h.holdersMu.Unlock()
 	for _, key := range keys {
-		var n int64
+		var g giveback
 		sh := h.table.Lock(key)
 		h.holdersMu.Lock()
 		e := h.holders[key]
 		cur, ok := sh.Peek(key)
 		switch {
 		case e == nil:
-		case !ok || cur != e || e.tokens == 0:
+		case !ok || cur != e || e.granted == 0:
 			delete(h.holders, key)
 			e.holding = false
-		case ns-e.lastUsed >= int64(idle):
-			n, e.tokens = e.tokens, 0
+		case !now.Before(e.until):
+			h.expireLocked(e)
+			e.granted, e.leaseID = 0, 0
 			delete(h.holders, key)
 			e.holding = false
-			if reason == "idle" && n*e.interval <= int64(idle) {
-				// Redis refills these within the idle time by itself: a
-				// call to give them back would buy nothing.
-				h.opts.Metrics.TokensReturned.WithLabelValues("expired").Add(float64(n))
-				n = 0
-			}
+		case ns-e.lastUsed >= int64(idle) && e.flight == nil && (reason != "idle" || 2*e.remote < e.capacity):
+			g = giveback{key: key, algorithm: e.algorithm, window: e.window, lease: held{id: e.leaseID, granted: e.granted, unspent: e.tokens}, reason: reason}
+			e.tokens, e.granted, e.leaseID = 0, 0, 0
+			delete(h.holders, key)
+			e.holding = false
 		}
 		h.holdersMu.Unlock()
 		sh.Unlock()
-		if n > 0 {
-			h.giveBack(context.Background(), giveback{key: key, n: n, reason: reason})
+		if g.key != "" {
+			h.giveBack(context.Background(), g)
 		}
 	}
 }
 
-// Close stops the background work and gives every unspent token back to
-// Redis, within ctx.
+// Close stops the background work and gives every lease back to Redis,
+// within ctx.
 func (h *Hybrid) Close(ctx context.Context) {
 	h.stopOnce.Do(func() { close(h.stop) })
 	h.wg.Wait()
@@ -445,5 +572,5 @@ func (h *Hybrid) Close(ctx context.Context) {
 		}
 		break
 	}
-	h.Sweep(time.Now(), 0, "shutdown")
+	h.Sweep(h.opts.Now(), 0, "shutdown")
 }

@@ -11,7 +11,8 @@ var _ LevelSource = (*Hybrid)(nil)
 
 // Level returns what Redis held for key's token bucket at this replica's
 // last lease, less what the other replicas may have leased since: a
-// slice each, the largest a lease takes (maxSlice). A replica's view is
+// slice each, the largest a lease takes (maxSlice), for every algorithm
+// that leases. A replica's view is
 // as old as its last lease, about a horizon (a second) of its traffic;
 // replicas that see a key's traffic alike (a round-robin load balancer)
 // each lease about once in that time. Without the allowance every
@@ -19,15 +20,15 @@ var _ LevelSource = (*Hybrid)(nil)
 // and together they would admit up to (peers−1) slices more than the
 // bucket held. Too low a level costs nothing once the key's master
 // answers again: what the fallback did not admit is still in Redis, and
-// only what it admitted is charged (Owe). Other algorithms decide by
-// their exact script in hybrid mode, each decision reporting its level.
+// only what it admitted is charged (Owe). The sliding log and the leaky
+// bucket decide by their exact script, each decision reporting its level.
 func (h *Hybrid) Level(key string, l quota.Limit) (local.Level, bool) {
 	lv, ok := h.table.Level(key, l)
-	if !ok || l.Algorithm != quota.TokenBucket {
+	if !ok || !leases(l) {
 		return lv, ok
 	}
 	peers := max(h.peers.Count(), 1)
-	lv.Remaining = max(lv.Remaining-(peers-1)*maxSlice(l.Capacity(), peers), 0)
+	lv.Remaining = max(lv.Remaining-(peers-1)*maxSlice(capacityOf(l), peers), 0)
 	return lv, true
 }
 

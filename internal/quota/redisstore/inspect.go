@@ -50,7 +50,7 @@ func (s *Store) stateKey(partition string, l quota.Limit) string {
 func (s *Store) peek(ctx context.Context, partition string, l quota.Limit) (quota.Inspection, error) {
 	var d quota.Decision
 	if l.Algorithm == quota.TokenBucket {
-		ls, err := s.lease(ctx, partition, l, 0, 1, 0)
+		ls, err := s.lease(ctx, partition, l, leaseAsk{want: 0, need: 1})
 		if err != nil {
 			return quota.Inspection{}, err
 		}
@@ -77,7 +77,7 @@ func (t *Table) Forget(key string) {
 	sh := t.Lock(key)
 	if e, ok := sh.Peek(key); ok {
 		e.remote, e.remoteAt = 0, 0
-		e.tokens, e.deniedUntil, e.fullAt, e.count = 0, 0, 0, 0
+		e.tokens, e.granted, e.leaseID, e.deniedUntil, e.fullAt, e.count = 0, 0, 0, 0, 0, 0
 	}
 	sh.Unlock()
 }
@@ -107,7 +107,7 @@ func (r *Redis) Forget(key string) { r.table.Forget(key) }
 // the tokens this replica leased from it and has not spent.
 func (h *Hybrid) Inspect(ctx context.Context, key string, l quota.Limit, _ time.Time) (quota.Inspection, error) {
 	in, err := h.store.peek(ctx, key, l)
-	if err != nil || l.Algorithm != quota.TokenBucket {
+	if err != nil || !leases(l) {
 		return in, err
 	}
 	sh := h.table.Lock(key)

@@ -24,8 +24,9 @@ type Metrics struct {
 	SlicesLeased prometheus.Counter
 	TokensLeased prometheus.Counter
 	// TokensReturned counts unspent hybrid tokens given back to Redis, by
-	// reason (idle, evicted, shutdown, refund), and those left to expire
-	// because Redis refills them within the idle time (expired).
+	// reason (renewed: with the key's next lease; idle, evicted, shutdown,
+	// refund, reload), and those whose lease ended unspent (expired: never
+	// given back, they stop counting in Redis by themselves).
 	TokensReturned *prometheus.CounterVec
 	// LeaseWaits counts hybrid decisions that waited for another request's
 	// lease of the same key instead of calling Redis themselves.
@@ -70,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		TokensReturned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "hybrid_tokens_returned_total",
-			Help: "Unspent hybrid tokens given back to Redis, by reason (idle, evicted, shutdown, refund); expired: left to refill by themselves within the idle time.",
+			Help: "Unspent hybrid tokens given back to Redis, by reason (renewed, idle, evicted, shutdown, refund, reload); expired: unspent when their lease ended, never given back.",
 		}, []string{"reason"}),
 		LeaseWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "hybrid_lease_waits_total",

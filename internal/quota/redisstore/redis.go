@@ -32,7 +32,7 @@ func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, no
 		if l.OnError == quota.ErrorFallback {
 			debt = r.table.takeDebt(key)
 		}
-		ls, err := r.store.lease(ctx, key, l, n, max(n, 1), debt)
+		ls, err := r.store.lease(ctx, key, l, leaseAsk{want: n, need: max(n, 1), debt: debt})
 		if err != nil {
 			// Charged again next time: if this call ran after all, the
 			// replicas admit less, never more.
@@ -64,5 +64,5 @@ func (r *Redis) Refund(ctx context.Context, key string, l quota.Limit, n int64, 
 	if l.Algorithm != quota.TokenBucket {
 		return r.store.refund(ctx, key, l, n)
 	}
-	return r.store.giveBack(ctx, key, n)
+	return r.store.giveBack(ctx, key, n, held{})
 }

@@ -21,6 +21,8 @@ import (
 // step, timed by Redis TIME unless a test injects the time. The token
 // bucket's bucket_lease.lua serves redis and hybrid modes alike.
 var (
+	//go:embed scripts/bucket_state.lua
+	bucketStateSrc string
 	//go:embed scripts/bucket_lease.lua
 	bucketLeaseSrc string
 	//go:embed scripts/bucket_return.lua
@@ -41,8 +43,8 @@ var (
 	//go:embed scripts/leaky_bucket.lua
 	leakyBucketSrc string
 
-	bucketLease         = newScript("bucket_lease", bucketLeaseSrc)
-	bucketReturn        = newScript("bucket_return", bucketReturnSrc)
+	bucketLease         = newScript("bucket_lease", bucketStateSrc+bucketLeaseSrc)
+	bucketReturn        = newScript("bucket_return", bucketStateSrc+bucketReturnSrc)
 	peersScript         = newScript("peers", peersSrc)
 	fixedWindowScript   = newScript("fixed_window", windowTakeSrc+fixedWindowSrc)
 	slidingWindowScript = newScript("sliding_window", slidingWindowSrc)
@@ -155,10 +157,10 @@ func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, uni
 
 // decisionOf reads the reply every deciding script gives: {allowed,
 // remaining, retry after, reset after, delay}, the durations in
-// microseconds.
+// microseconds (the window scripts add what windowLease reads).
 func decisionOf(script string, l quota.Limit, v any) (quota.Decision, error) {
 	r, ok := v.([]any)
-	if !ok || len(r) != 5 {
+	if !ok || len(r) < 5 {
 		return quota.Decision{}, fmt.Errorf("redisstore: %s script returned %v", script, v)
 	}
 	n := func(i int) int64 { x, _ := r[i].(int64); return x }

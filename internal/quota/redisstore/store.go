@@ -235,20 +235,39 @@ type lease struct {
 	remaining int64         // tokens left in the Redis bucket afterwards
 	wait      time.Duration // until the tokens needed are there, when none was granted
 	full      time.Duration // until the bucket is full again
+	id        int64         // the lease's expiry in Redis (ms), its name when retired; 0: none
 }
 
-// lease takes between need and want tokens of partition's bucket under l,
-// or none when fewer than need remain (want 0, need 1 asks without
-// taking), after charging debt: tokens admitted without Redis (see
-// Table.Owe).
-func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, want, need, debt int64) (lease, error) {
+// leaseAsk is what one lease call asks for.
+type leaseAsk struct {
+	want, need int64 // tokens wanted at most, needed at least
+	debt       int64 // tokens admitted without Redis, charged first (Table.Owe)
+	// life makes the grant a lease counted out in Redis until it ends
+	// (bucket_state.lua); zero: an exact take. peers caps it at half of
+	// what is available over the replicas.
+	life   time.Duration
+	peers  int64
+	retire held // the replica's previous lease of the key, ended by this call
+}
+
+// held is a lease a replica ends: its name in Redis, its size and what
+// of it was not spent.
+type held struct {
+	id, granted, unspent int64
+}
+
+// lease takes between a.need and a.want tokens of partition's bucket
+// under l, or none when fewer than need remain (want 0, need 1 asks
+// without taking), after charging a.debt and retiring a.retire.
+func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a leaseAsk) (lease, error) {
 	v, err := s.run(ctx, "lease", bucketLease, []string{s.key(partition)},
-		intervalMicros(l), l.Capacity(), want, need, s.nowArg(time.Microsecond), debt)
+		intervalMicros(l), l.Capacity(), a.want, a.need, s.nowArg(time.Microsecond), a.debt,
+		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent)
 	if err != nil {
 		return lease{}, err
 	}
 	r, ok := v.([]any)
-	if !ok || len(r) != 4 {
+	if !ok || len(r) != 5 {
 		return lease{}, fmt.Errorf("redisstore: bucket_lease returned %v", v)
 	}
 	n := func(i int) int64 { x, _ := r[i].(int64); return x }
@@ -257,13 +276,49 @@ func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, want
 		remaining: n(1),
 		wait:      time.Duration(n(2)) * time.Microsecond,
 		full:      time.Duration(n(3)) * time.Microsecond,
+		id:        n(4),
 	}, nil
 }
 
-// giveBack returns n unspent tokens to partition's bucket.
-func (s *Store) giveBack(ctx context.Context, partition string, n int64) error {
-	_, err := s.run(ctx, "return", bucketReturn, []string{s.key(partition)}, n, s.nowArg(time.Microsecond))
+// giveBack returns n unspent tokens to partition's bucket, retiring the
+// lease named in h (h.id 0: plain tokens, such as a refund).
+func (s *Store) giveBack(ctx context.Context, partition string, n int64, h held) error {
+	_, err := s.run(ctx, "return", bucketReturn, []string{s.key(partition)}, n, s.nowArg(time.Microsecond), h.id, h.granted)
 	return err
+}
+
+// windowLease is the outcome of one window script call in hybrid mode.
+type windowLease struct {
+	quota.Decision
+	granted int64
+	id      int64         // the window's start (µs), the lease's name
+	left    time.Duration // until the window ends, the lease's life
+}
+
+// leaseWindow takes between need and want units of the current window of
+// partition under l (a fixed or sliding window), at most half of what
+// fits over peers replicas, after giving back the unspent units of the
+// lease in back.
+func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit, want, need, peers int64, back held) (windowLease, error) {
+	key := []string{s.algorithmKey(partition, l.Algorithm)}
+	script, name := fixedWindowScript, "fixed_window"
+	if l.Algorithm == quota.SlidingWindow {
+		script, name = slidingWindowScript, "sliding_window"
+	}
+	v, err := s.run(ctx, "lease", script, key, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), want, need, peers, back.id, back.unspent)
+	if err != nil {
+		return windowLease{}, err
+	}
+	d, err := decisionOf(name, l, v)
+	if err != nil {
+		return windowLease{}, err
+	}
+	r := v.([]any)
+	if len(r) != 8 {
+		return windowLease{}, fmt.Errorf("redisstore: %s returned %v", name, v)
+	}
+	n := func(i int) int64 { x, _ := r[i].(int64); return x }
+	return windowLease{Decision: d, granted: n(5), id: n(6), left: time.Duration(n(7)) * time.Microsecond}, nil
 }
 
 // heartbeat records replica id and returns the number of replicas heard

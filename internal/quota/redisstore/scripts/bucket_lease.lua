@@ -1,12 +1,10 @@
 -- Take tokens from a token bucket, atomically: between ARGV[4] and ARGV[3]
 -- of them, or none. Redis mode asks for exactly a request's cost; hybrid
--- mode leases a slice of up to ARGV[3], needing at least what the request
--- in hand lacks. ARGV[3] = 0 with ARGV[4] = 1 asks without taking.
+-- mode leases a slice of up to ARGV[3], needing at least the request's
+-- cost, and retires the replica's previous lease of the key in the same
+-- call. ARGV[3] = 0 with ARGV[4] = 1 asks without taking.
 --
--- KEYS[1]  the bucket, a hash: used = tokens in use (a fraction while it
---          refills), ts = when used was computed (µs), iv = µs per token
---          at that time. Counting used tokens (small numbers) rather than
---          an instant keeps full double precision: no drift.
+-- KEYS[1]  the bucket (bucket_state.lua)
 -- ARGV[1]  µs per token (window / limit; may be fractional)
 -- ARGV[2]  capacity in tokens (burst)
 -- ARGV[3]  tokens wanted at most
@@ -23,53 +21,73 @@
 --          bounds what an outage costs afterwards: refill beyond capacity
 --          during it was lost to Redis, not spent twice.
 --          Empty or 0: none.
+-- ARGV[7]  lease life in ms: the grant is a lease, counted out until then
+--          (rounded up to the grain, a quarter of the life). Empty or 0:
+--          an exact take, spent at once and never counted out.
+-- ARGV[8]  replicas sharing the bucket: a lease takes at most half of
+--          what is available divided by them, but never less than needed,
+--          so slices shrink to the request's cost as the bucket drains.
+-- ARGV[9], ARGV[10], ARGV[11]  the lease this call retires: its expiry
+--          (ms, as this script returned it), tokens granted, tokens unspent.
+--          Empty or 0: none.
 --
--- Returns {granted, remaining, wait, full}: tokens granted (fewer than
--- wanted when fewer remain), tokens left in the bucket afterwards, µs until
--- the tokens needed are there when none was granted (else 0), and µs until
--- the bucket is full again. Waits are rounded up so a client never retries
+-- Returns {granted, remaining, wait, full, expiry}: tokens granted (fewer
+-- than wanted when fewer remain), tokens left in the bucket afterwards,
+-- µs until the tokens needed are there when none was granted (else 0), µs
+-- until the bucket is full again, and the lease's expiry in ms (0 for an
+-- exact take or no grant). Waits are rounded up so a client never retries
 -- early.
 local iv = tonumber(ARGV[1])
 local cap = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local need = tonumber(ARGV[4])
+local keep = 0
+if tonumber(ARGV[5]) then keep = 60000 end
 local now = now_us(ARGV[5])
 local debt = tonumber(ARGV[6]) or 0
+local life = tonumber(ARGV[7]) or 0
+local peers = tonumber(ARGV[8]) or 0
 
-local st = redis.call('HMGET', KEYS[1], 'used', 'ts', 'iv')
-local used = tonumber(st[1]) or 0
-local ts = tonumber(st[2]) or now
--- Refill at the rate in force since ts. A reload that changes the rate
--- keeps the tokens in use, not the time they take to come back.
-if now > ts then
-  used = used - (now - ts) / (tonumber(st[3]) or iv)
-  if used < 0 then used = 0 end
-  ts = now
-end
+local b = bucket_load(KEYS[1], iv, now)
+-- Refill at the rate in force since ts (bucket_load); from now on, this
+-- call's. A reload that changes the rate keeps the tokens in use, not the
+-- time they take to come back.
+b.iv = iv
+bucket_retire(KEYS[1], b, tonumber(ARGV[9]), tonumber(ARGV[10]) or 0, tonumber(ARGV[11]) or 0)
 
-local dirty = false
 if debt > 0 then
-  used = math.min(used + debt, math.max(used, 2 * cap))
-  dirty = true
+  b.used = math.min(b.used + debt, math.max(b.used, 2 * cap))
+  b.dirty = true
 end
 
 -- The epsilon absorbs float error: 2.9999999999 tokens are 3.
-local avail = math.floor(cap - used + 1e-9)
+local avail = math.floor(cap - b.used + 1e-9)
 if avail < 0 then avail = 0 end
 local granted = 0
-if avail >= need then granted = math.min(want, avail) end
-if granted > 0 then
-  used = used + granted
-  dirty = true
+if avail >= need then
+  granted = math.min(want, avail)
+  if peers > 0 then granted = math.min(granted, math.max(need, math.floor(avail / (2 * peers)))) end
 end
-if dirty then
-  redis.call('HSET', KEYS[1], 'used', string.format('%.17g', used), 'ts', string.format('%d', ts), 'iv', ARGV[1])
-  -- Once full again the bucket is the same as no bucket: let it go.
-  redis.call('PEXPIRE', KEYS[1], math.ceil(used * iv / 1000) + 1)
-end
+local expiry = 0
 if granted > 0 then
-  return {granted, avail - granted, 0, math.ceil(used * iv)}
+  b.used = b.used + granted
+  b.dirty = true
+  if life > 0 then
+    local grain = math.max(math.ceil(life / 4), 1)
+    expiry = math.ceil((math.floor(now / 1000) + life) / grain) * grain
+    redis.call('HINCRBY', KEYS[1], 'x' .. string.format('%d', expiry), granted)
+    b.out = b.out + granted
+    b.last = math.max(b.last, expiry * 1000)
+  end
+end
+if b.dirty then bucket_save(KEYS[1], b, now, keep) end
+if granted > 0 then
+  return {granted, avail - granted, 0, math.ceil(b.used * iv), expiry}
 end
 local wait = 0
-if avail < need then wait = math.ceil((used - cap + need) * iv) end
-return {0, avail, wait, math.ceil(used * iv)}
+if avail < need then
+  wait = math.ceil((b.used - cap + need) * iv)
+  -- Tokens out on leases come back only as the leases end.
+  if b.out > cap - need and b.last > now then wait = math.max(wait, b.last - now) end
+end
+return {0, avail, wait, math.ceil(b.used * iv), 0}

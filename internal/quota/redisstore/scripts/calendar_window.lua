@@ -14,7 +14,7 @@
 --          the units given back
 -- ARGV[5…] window bounds in µs, ascending: the windows [ARGV[i], ARGV[i+1])
 --
--- take returns window_take's {allowed, remaining, retry, reset, delay}; refund returns 1 when units were given back.
+-- take returns window_take's {allowed, remaining, retry, reset, delay, granted}; refund returns 1 when units were given back.
 -- Redis TIME outside every window sent (the clocks a window apart) is an
 -- error, not a guess.
 local limit = tonumber(ARGV[2])
@@ -48,4 +48,4 @@ if ARGV[1] == 'refund' then
   return 0
 end
 
-return window_take(KEYS[1], ws, we, now, n, limit, keep)
+return window_take(KEYS[1], ws, we, now, n, math.max(n, 1), limit, keep, 0, -1, 0)

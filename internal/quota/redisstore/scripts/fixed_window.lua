@@ -1,13 +1,18 @@
 -- Take a request's cost from a fixed window counter, atomically, all or
--- none: INCRBY with TTL semantics (window_take.lua).
+-- none: INCRBY with TTL semantics (window_take.lua); or, in hybrid mode,
+-- lease a count of the current window.
 --
 -- KEYS[1]  the counter (window_take.lua), its windows epoch aligned
 -- ARGV[1]  window in µs
 -- ARGV[2]  limit
 -- ARGV[3]  now in µs for tests; empty: Redis TIME, never a replica's clock
--- ARGV[4]  units (the cost); 0 decides as for one and counts nothing
+-- ARGV[4]  units wanted (the cost); 0 decides as for one and counts nothing
+-- ARGV[5]  units needed at least; empty: the cost (at least one)
+-- ARGV[6]  replicas sharing the window, for a lease; empty or 0: exact
+-- ARGV[7], ARGV[8]  the lease given back: its window's start (µs) and its
+--          unspent units; empty: none
 --
--- Returns window_take's {allowed, remaining, retry, reset, delay}.
+-- Returns window_take's {allowed, remaining, retry, reset, delay, granted, ws, left}.
 local w = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 -- Keys expire on Redis' own clock. With injected test time that is not
@@ -17,5 +22,6 @@ local keep = 0
 if tonumber(ARGV[3]) then keep = 60000 end
 local now = now_us(ARGV[3])
 local n = tonumber(ARGV[4]) or 1
+local need = tonumber(ARGV[5]) or math.max(n, 1)
 local ws = now - (now % w)
-return window_take(KEYS[1], ws, ws + w, now, n, limit, keep)
+return window_take(KEYS[1], ws, ws + w, now, n, need, limit, keep, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or -1, tonumber(ARGV[8]) or 0)

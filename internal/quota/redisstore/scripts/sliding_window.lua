@@ -1,17 +1,30 @@
 -- Take a request's cost from a sliding window counter (Cloudflare's
--- weighted two windows), atomically, all or none. The math, and why the wait is exact, is in
--- internal/quota/windows.go.
+-- weighted two windows), atomically, all or none; or, in hybrid mode,
+-- lease a count of the current window. The math, and why the wait is
+-- exact, is in internal/quota/windows.go.
+--
+-- A lease is counted in the current window's count when granted and dies
+-- with the window. Within a window the previous window's weight only
+-- falls, so an estimate that held the lease within the limit when it was
+-- granted stays within it until the window ends: every unit spent from
+-- the lease is admitted as an exact take at that instant would be.
 --
 -- KEYS[1]  the counter, a hash: w = start of the window counted (µs, epoch
 --          aligned), p = the previous window's count, c = this window's.
 -- ARGV[1]  window in µs
 -- ARGV[2]  limit
 -- ARGV[3]  now in µs for tests; empty: Redis TIME, never a replica's clock
--- ARGV[4]  units (the cost); 0 decides as for one and counts nothing
+-- ARGV[4]  units wanted (the cost); 0 decides as for one and counts nothing
+-- ARGV[5]  units needed at least; empty: the cost (at least one)
+-- ARGV[6]  replicas sharing the window, for a lease: the take is at most
+--          half of what fits over them (never below need); empty or 0: exact
+-- ARGV[7], ARGV[8]  the lease given back: its window's start (µs) and its
+--          unspent units; empty: none
 --
--- Returns {allowed, remaining, retry, reset, delay}: 1 or 0; units that
--- would still fit now; µs until one fits when rejected (else 0); µs until
--- the estimate is back to zero; 0.
+-- Returns {allowed, remaining, retry, reset, delay, granted, ws, left}: 1
+-- or 0; units that would still fit now; µs until one fits when rejected
+-- (else 0); µs until the estimate is back to zero; 0; units taken; the
+-- window's start (µs), the lease's name; µs until it ends, the lease's life.
 local w = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 -- Keys expire on Redis' own clock. With injected test time that is not
@@ -21,7 +34,8 @@ local keep = 0
 if tonumber(ARGV[3]) then keep = 60000 end
 local now = now_us(ARGV[3])
 local n = tonumber(ARGV[4]) or 1
-local spend = math.max(n, 1)
+local spend = tonumber(ARGV[5]) or math.max(n, 1)
+local peers = tonumber(ARGV[6]) or 0
 local ws = now - (now % w)
 local e = now - ws
 
@@ -33,21 +47,39 @@ if sw == ws then
 elseif sw == ws - w then
   p = tonumber(st[3]) or 0 -- one window on: this window's count is now the previous one
 end
+local back = tonumber(ARGV[8]) or 0
+local dirty = false
+if back > 0 and tonumber(ARGV[7]) == ws and c > 0 then
+  c = math.max(c - back, 0)
+  dirty = true
+end
 
 -- estimate + n <= limit, multiplied through by w to stay in integers:
 -- p*(w-e)/w + c + n <= limit.
 if p * (w - e) + (c + spend) * w <= limit * w then
   local reset = 2 * w - e
-  if n > 0 then
-    c = c + n
-    redis.call('HSET', KEYS[1], 'w', string.format('%d', ws), 'p', string.format('%d', p), 'c', string.format('%d', c))
-    -- This window's count weighs on the next one; after that it is gone.
-    redis.call('PEXPIRE', KEYS[1], math.max(math.ceil((2 * w - e) / 1000) + 1, keep))
+  local granted = n
+  if peers > 0 then
+    local room = math.floor((limit * w - p * (w - e)) / w) - c
+    granted = math.min(n, math.max(spend, math.floor(room / (2 * peers))))
+  end
+  if granted > 0 then
+    c = c + granted
+    dirty = true
   elseif c == 0 then
     reset = 0
     if p > 0 then reset = w - e end
   end
-  return {1, math.floor((limit * w - p * (w - e) - c * w) / w), 0, reset, 0}
+  if dirty then
+    redis.call('HSET', KEYS[1], 'w', string.format('%d', ws), 'p', string.format('%d', p), 'c', string.format('%d', c))
+    -- This window's count weighs on the next one; after that it is gone.
+    redis.call('PEXPIRE', KEYS[1], math.max(math.ceil((2 * w - e) / 1000) + 1, keep))
+  end
+  return {1, math.floor((limit * w - p * (w - e) - c * w) / w), 0, reset, 0, granted, ws, w - e}
+end
+if dirty then
+  redis.call('HSET', KEYS[1], 'w', string.format('%d', ws), 'p', string.format('%d', p), 'c', string.format('%d', c))
+  redis.call('PEXPIRE', KEYS[1], math.max(math.ceil((2 * w - e) / 1000) + 1, keep))
 end
 
 -- Rejected: solve estimate(t) + n <= limit for the first t >= e.
@@ -61,4 +93,4 @@ else
 end
 local reset = 0
 if c > 0 then reset = 2 * w - e elseif p > 0 then reset = w - e end
-return {0, 0, t - e, reset, 0}
+return {0, 0, t - e, reset, 0, 0, ws, w - e}

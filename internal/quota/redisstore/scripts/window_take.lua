@@ -6,26 +6,45 @@
 -- in it. Keeping w beside the count means a stale count is never read as
 -- the current one, whether or not the key has expired yet (and with
 -- injected test time, when Redis' own expiry clock is elsewhere). The
--- window is [ws, we); n units (0 decides as for one and counts nothing);
--- keep is the least TTL in ms.
+-- window is [ws, we); between need and want units are taken (want 0
+-- with need 1 decides as for one and counts nothing); keep is the least
+-- TTL in ms.
 --
--- Returns {allowed, remaining, retry, reset, delay}: 1 or 0; units left in
--- this window; µs until the window ends when rejected (else 0); µs until
--- the window ends; 0 (no algorithm but the leaky bucket holds requests).
-local function window_take(key, ws, we, now, n, limit, keep)
+-- Hybrid mode leases a count: peers > 0 caps the take at half of what is
+-- left over the replicas sharing the window (never below need), and back
+-- units of a lease in the window starting at back_ws, not spent, are
+-- given back first. A lease dies with its window, so a count leased in
+-- one is never spent in the next: the window's count, leases included,
+-- never passes its limit.
+--
+-- Returns {allowed, remaining, retry, reset, delay, granted, ws, left}: 1
+-- or 0; units left in this window; µs until the window ends when rejected
+-- (else 0); µs until the window ends; 0 (no algorithm but the leaky bucket
+-- holds requests); units taken; the window's start (µs), the lease's name;
+-- µs until it ends, the lease's life.
+local function window_take(key, ws, we, now, want, need, limit, keep, peers, back_ws, back)
   local left = we - now
   local st = redis.call('HMGET', key, 'w', 'c')
   local c = 0
   if tonumber(st[1]) == ws then c = tonumber(st[2]) or 0 end
-  if c + math.max(n, 1) <= limit then
-    if n > 0 then
-      c = c + n
-      redis.call('HSET', key, 'w', string.format('%d', ws), 'c', string.format('%d', c))
-      -- The count means nothing once its window is over.
-      redis.call('PEXPIRE', key, math.max(math.ceil(left / 1000) + 1, keep))
-    end
-    return {1, limit - c, 0, left, 0}
+  local dirty = false
+  if back > 0 and back_ws == ws and c > 0 then
+    c = math.max(c - back, 0)
+    dirty = true
   end
-  return {0, 0, left, left, 0}
+  local granted = 0
+  local room = limit - c
+  if room >= need then
+    granted = want
+    if peers > 0 then granted = math.min(want, math.max(need, math.floor(room / (2 * peers)))) end
+    c = c + granted
+    dirty = dirty or granted > 0
+  end
+  if dirty then
+    redis.call('HSET', key, 'w', string.format('%d', ws), 'c', string.format('%d', c))
+    -- The count means nothing once its window is over.
+    redis.call('PEXPIRE', key, math.max(math.ceil(left / 1000) + 1, keep))
+  end
+  if room >= need then return {1, limit - c, 0, left, 0, granted, ws, left} end
+  return {0, 0, left, left, 0, 0, ws, left}
 end
-
