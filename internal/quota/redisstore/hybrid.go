@@ -267,7 +267,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		peers := max(h.peers.Count(), 1)
 		sh.Unlock()
 
-		ls, err := h.lease(ctx, key, l, want, need, debt, peers, old)
+		ls, err := h.lease(ctx, key, l, want, need, n, debt, peers, old)
 
 		sh = h.table.Lock(key)
 		e.flight = nil
@@ -306,10 +306,14 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 			e.deniedUntil = ns + int64(max(ls.wait, time.Microsecond))
 			continue
 		}
-		e.tokens, e.granted, e.leaseID = ls.granted, ls.granted, ls.id
+		// The request in hand spends n of the grant at once (the loop goes
+		// round with the lock held); the rest is the lease held.
+		e.tokens, e.granted, e.leaseID = ls.granted, ls.granted-n, ls.id
 		e.until = now.Add(ls.life - ls.life/leaseMargin)
 		e.algorithm, e.window, e.capacity, e.interval = l.Algorithm, l.Window, capacityOf(l), l.Interval()
-		h.holdLocked(key, e)
+		if e.granted > 0 {
+			h.holdLocked(key, e)
+		}
 	}
 }
 
@@ -319,11 +323,12 @@ type leased struct {
 	wait, full, life       time.Duration
 }
 
-// lease asks Redis for between need and want units of key under l,
-// retiring old, with the script of l's algorithm.
-func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, need, debt, peers int64, old held) (leased, error) {
+// lease asks Redis for between need and want units of key under l, of
+// which the request in hand spends spent at once, retiring old, with the
+// script of l's algorithm.
+func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, need, spent, debt, peers int64, old held) (leased, error) {
 	if l.Algorithm == quota.TokenBucket {
-		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: want, need: need, debt: debt, life: h.opts.LeaseTTL, peers: peers, retire: old})
+		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: want, need: need, debt: debt, life: h.opts.LeaseTTL, peers: peers, spent: spent, retire: old})
 		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: h.opts.LeaseTTL}, err
 	}
 	w, err := h.store.leaseWindow(ctx, key, l, want, need, peers, old)

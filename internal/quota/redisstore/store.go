@@ -247,11 +247,12 @@ type leaseAsk struct {
 	// what is available over the replicas.
 	life   time.Duration
 	peers  int64
-	retire held // the replica's previous lease of the key, ended by this call
+	spent  int64 // of the grant, spent at once by the request in hand: never counted out
+	retire held  // the replica's previous lease of the key, ended by this call
 }
 
-// held is a lease a replica ends: its name in Redis, its size and what
-// of it was not spent.
+// held is a lease a replica ends: its name in Redis, the tokens Redis
+// counts out for it and what of them was not spent.
 type held struct {
 	id, granted, unspent int64
 }
@@ -262,7 +263,7 @@ type held struct {
 func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a leaseAsk) (lease, error) {
 	v, err := s.run(ctx, "lease", bucketLease, []string{s.key(partition)},
 		intervalMicros(l), l.Capacity(), a.want, a.need, s.nowArg(time.Microsecond), a.debt,
-		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent)
+		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent, a.spent)
 	if err != nil {
 		return lease{}, err
 	}

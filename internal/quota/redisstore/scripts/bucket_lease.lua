@@ -28,14 +28,18 @@
 --          what is available divided by them, but never less than needed,
 --          so slices shrink to the request's cost as the bucket drains.
 -- ARGV[9], ARGV[10], ARGV[11]  the lease this call retires: its expiry
---          (ms, as this script returned it), tokens granted, tokens unspent.
---          Empty or 0: none.
+--          (ms, as this script returned it), tokens it counted out, tokens
+--          unspent. Empty or 0: none.
+-- ARGV[12] tokens of the grant the request in hand spends at once: an
+--          admission now, never counted out. Near the limit a grant is
+--          just the request's cost, so nothing is out and the take is as
+--          exact as redis mode's.
 --
 -- Returns {granted, remaining, wait, full, expiry}: tokens granted (fewer
 -- than wanted when fewer remain), tokens left in the bucket afterwards,
 -- µs until the tokens needed are there when none was granted (else 0), µs
--- until the bucket is full again, and the lease's expiry in ms (0 for an
--- exact take or no grant). Waits are rounded up so a client never retries
+-- until the bucket is full again (as if every lease were given back), and the lease's expiry in ms (0 when
+-- nothing is counted out). Waits are rounded up so a client never retries
 -- early.
 local iv = tonumber(ARGV[1])
 local cap = tonumber(ARGV[2])
@@ -47,6 +51,7 @@ local now = now_us(ARGV[5])
 local debt = tonumber(ARGV[6]) or 0
 local life = tonumber(ARGV[7]) or 0
 local peers = tonumber(ARGV[8]) or 0
+local spent = tonumber(ARGV[12]) or 0
 
 local b = bucket_load(KEYS[1], iv, now)
 -- Refill at the rate in force since ts (bucket_load); from now on, this
@@ -72,17 +77,21 @@ local expiry = 0
 if granted > 0 then
   b.used = b.used + granted
   b.dirty = true
-  if life > 0 then
+  local held = granted - math.min(spent, granted)
+  if life > 0 and held > 0 then
     local grain = math.max(math.ceil(life / 4), 1)
     expiry = math.ceil((math.floor(now / 1000) + life) / grain) * grain
-    redis.call('HINCRBY', KEYS[1], 'x' .. string.format('%d', expiry), granted)
-    b.out = b.out + granted
+    redis.call('HINCRBY', KEYS[1], 'x' .. string.format('%d', expiry), held)
+    b.out = b.out + held
     b.last = math.max(b.last, expiry * 1000)
   end
 end
 if b.dirty then bucket_save(KEYS[1], b, now, keep) end
+-- Full again once what was spent refills: tokens out on leases would be
+-- given back, not refilled.
+local full = math.ceil(math.max(b.used - b.out, 0) * iv)
 if granted > 0 then
-  return {granted, avail - granted, 0, math.ceil(b.used * iv), expiry}
+  return {granted, avail - granted, 0, full, expiry}
 end
 local wait = 0
 if avail < need then
@@ -90,4 +99,4 @@ if avail < need then
   -- Tokens out on leases come back only as the leases end.
   if b.out > cap - need and b.last > now then wait = math.max(wait, b.last - now) end
 end
-return {0, avail, wait, math.ceil(b.used * iv), 0}
+return {0, avail, wait, full, 0}
