@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/quota"
@@ -176,4 +177,59 @@ func exactReplay(l quota.Limit, as []admission) error {
 		}
 	}
 	return nil
+}
+
+// A bucket that refilled up to its capacity less a lease held out stays
+// there when the lease ends: the tokens refill could not add while the
+// lease was out are not added at its end. Replica A leases a large slice
+// far from the limit and spends it just before the lease ends; replica B
+// drains the bucket just after. One exact bucket fed the same admissions
+// refuses B's last ones if the level jumped back to full at the expiry.
+func TestHybridLeaseEndDoesNotRefillAtOnce(t *testing.T) {
+	srv := testredis.Start(t)
+	clk := newClock()
+	ctx := context.Background()
+	// One replica each, as a replica believes before it has heard of the
+	// others: the slice is then a quarter of the bucket, large enough
+	// that its jump would show above refill.
+	reps := newReplicas(t, srv.Client(), clk, 1, 1000, time.Hour)
+	repB := newReplicas(t, srv.Client(), clk, 1, 1000, time.Hour)[0]
+	a, b := reps[0], repB
+	l := quota.Limit{Limit: 1000, Window: time.Minute} // 16.7 tokens a second
+	var admitted []admission
+	take := func(r *replica) bool {
+		d, err := r.h.Take(ctx, "jump", l, 1, clk.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted = append(admitted, admission{clk.Now(), 1})
+		}
+		return d.Allowed
+	}
+	take(a) // leases a slice and holds the rest of it
+	held := int(testutil.ToFloat64(a.m.TokensLeased)) - 1
+	clk.Advance(29 * time.Second) // the bucket refills up to capacity less the lease
+	for i := 0; i < held; i++ {
+		if !take(a) {
+			t.Fatalf("A's lease refused its %dth token of %d", i+1, held)
+		}
+	}
+	if calls := leaseCalls(a.m); calls != 1 {
+		t.Fatalf("A made %v lease calls; its slice should have served every decision", calls)
+	}
+	// Let the lease end in Redis (its expiry is rounded up to a quarter
+	// of its life) and drain from B.
+	clk.Advance(redisstore.DefaultLeaseTTL/4 + 2*time.Second)
+	drained := 0
+	for take(b) && drained < 2000 {
+		drained++
+	}
+	t.Logf("A spent %d before its lease ended; B drained %d after", held, drained)
+	if held < 200 {
+		t.Fatalf("A spent only %d from its lease: the scenario needs a large slice", held)
+	}
+	if err := exactReplay(l, admitted); err != nil {
+		t.Fatal(err)
+	}
 }
