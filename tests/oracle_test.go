@@ -80,12 +80,32 @@ func exactBounds(as []arrival) (lo, hi int) {
 	return oracleBurst + int(max(lastSent-firstBack, 0)/interval), oracleBurst + int((lastBack-firstSent)/interval)
 }
 
+// roundRobin sends the n-th request of a run to replica n mod count.
+func roundRobin(n int64, _ time.Duration, count int) int { return int(n) % count }
+
+// movingLoad sends every request of a second of the run to one replica,
+// and the next second's to the next: the worst case for long leases, as
+// each replica's slices of the keys go idle while another spends them.
+func movingLoad(_ int64, since time.Duration, count int) int { return int(since/time.Second) % count }
+
 func TestAccuracyOracle(t *testing.T) {
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := testredis.Start(t)
 			replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, mode, oraclePolicy))
-			runOracle(t, replicas)
+			runOracle(t, replicas, roundRobin)
+			assertNotDegraded(t, replicas)
+		})
+	}
+}
+
+// The same with the load moving from one replica to the next every second.
+func TestAccuracyOracleLoadMoves(t *testing.T) {
+	for _, mode := range []string{"redis", "hybrid"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := testredis.Start(t)
+			replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, mode, oraclePolicy))
+			runOracle(t, replicas, movingLoad)
 			assertNotDegraded(t, replicas)
 		})
 	}
@@ -98,16 +118,16 @@ func TestAccuracyOracleCPUThrottled(t *testing.T) {
 			srv := testredis.Start(t)
 			replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, mode, oraclePolicy))
 			stop := throttle(t, replicas, 40*time.Millisecond, 100*time.Millisecond)
-			runOracle(t, replicas)
+			runOracle(t, replicas, roundRobin)
 			stop()
 			assertNotDegraded(t, replicas)
 		})
 	}
 }
 
-// runOracle drives the keys for oracleRun and compares every key with the
-// exact bucket.
-func runOracle(t *testing.T, replicas []*sidecar) {
+// runOracle drives the keys for oracleRun, each request to the replica
+// pick chooses, and compares every key with the exact bucket.
+func runOracle(t *testing.T, replicas []*sidecar, pick func(n int64, since time.Duration, count int) int) {
 	t.Helper()
 	reqs := make([]*authv3.CheckRequest, oracleKeys)
 	for k := range reqs {
@@ -134,7 +154,7 @@ func runOracle(t *testing.T, replicas []*sidecar) {
 					return
 				}
 				k := rng.IntN(oracleKeys)
-				a, err := checkArrival(ctx, replicas[int(n)%len(replicas)], reqs[k], k, begin)
+				a, err := checkArrival(ctx, replicas[pick(n, time.Since(begin), len(replicas))], reqs[k], k, begin)
 				if err != nil {
 					failed.Store(err)
 					return
@@ -182,7 +202,8 @@ func runOracle(t *testing.T, replicas []*sidecar) {
 	if wronglyAllowed != 0 {
 		t.Fatalf("%d requests wrongly allowed", wronglyAllowed)
 	}
-	if share > 1 {
-		t.Fatalf("%.2f%% of what an exact limiter admits was wrongly limited; want at most 1%%", share)
+	// The README's figure: 0 wrongly allowed, at most 0.1% wrongly limited.
+	if share > 0.1 {
+		t.Fatalf("%.2f%% of what an exact limiter admits was wrongly limited; want at most 0.1%%", share)
 	}
 }

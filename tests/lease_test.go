@@ -1,0 +1,169 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+
+	"github.com/extauthz/extauthz/tests/internal/testredis"
+)
+
+// Hybrid leases through the real binary at the shipped defaults (lease
+// life 30s, slice idle 1s): what the design note in
+// internal/quota/redisstore/hybrid.go promises, end to end.
+
+// userRequest asks for / as user, with cost when it is not "".
+func userRequest(user, cost string) *authv3.CheckRequest {
+	h := [][2]string{{"x-user", user}}
+	if cost != "" {
+		h = append(h, [2]string{"x-cost", cost})
+	}
+	return envoyRequest{path: "/", headers: h}.build()
+}
+
+// Costs above one near the limit admit what one exact bucket would: 600
+// requests of cost 3 on 100 units (refilling one an hour), over three
+// replicas 60 at a time, admit 33 (99 units) in every run. A replica that
+// cannot cover a request's cost gives back what it holds with its next
+// lease call, so no units stay stranded on slices too small for any
+// request.
+func TestHybridCostsAboveOneNearTheLimit(t *testing.T) {
+	srv := testredis.Start(t)
+	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", `
+policies:
+  - {name: units, key: ["header:x-user"], limit: 100, window: 1h, cost: {header: x-cost}}
+`))
+	for run := 0; run < 5; run++ {
+		user := fmt.Sprintf("run-%d", run)
+		counts := tally(t, drive(t, replicas, seedBurst, seedConcurrency, func(int) *authv3.CheckRequest { return userRequest(user, "3") }))
+		if counts[200] != 33 || counts[429] != seedBurst-33 {
+			t.Fatalf("run %d: statuses %v; one exact bucket of 100 units admits 33 requests of cost 3", run, counts)
+		}
+	}
+	assertNoFallback(t, replicas)
+}
+
+// A replica killed while holding leases: the survivors never admit more
+// than the bucket allows (its unspent tokens stay counted out, not handed
+// out again), and once its leases have ended the bucket refills to its
+// whole capacity again, so those tokens are spendable. The policy: a
+// bucket of 400 refilling 40 a second.
+func TestHybridReplicaKilledHoldingLeases(t *testing.T) {
+	srv := testredis.Start(t)
+	const capacity, rate = 400, 40.0 // tokens, tokens a second
+	cfg := defaultsConfig(srv.Addr, "hybrid", `
+policies:
+  - {name: users, key: ["header:x-user"], limit: 2400, window: 1m, burst: 400}
+`)
+	replicas := startReplicas(t, 3, cfg)
+	victim, survivors := replicas[0], replicas[1:]
+	req := func(int) *authv3.CheckRequest { return userRequest("held", "") }
+
+	// The victim spends 20 and holds the rest of its slices.
+	if counts := tally(t, drive(t, []*sidecar{victim}, 20, 4, req)); counts[200] != 20 {
+		t.Fatalf("victim: statuses %v, want 20 admitted", counts)
+	}
+	held := victim.metric("extauthz_hybrid_tokens_leased_total") - 20
+	if held < 1 {
+		t.Fatalf("the victim holds %v tokens: nothing to strand", held)
+	}
+	leasedAt := time.Now()
+	victim.cmd.Process.Kill() // SIGKILL: nothing given back
+
+	// Survivors drain at once. What they may admit: the capacity less the
+	// victim's 20 and its unspent lease, plus what refilled meanwhile.
+	results, elapsed := timedDrive(t, survivors, 1000, seedConcurrency, req)
+	admitted := tally(t, results)[200]
+	refill := int(math.Ceil(rate * (time.Since(leasedAt)).Seconds()))
+	t.Logf("the victim held %.0f unspent; survivors admitted %d in %v", held, admitted, elapsed.Round(time.Millisecond))
+	if limit := capacity - 20 - int(held) + refill; admitted > limit {
+		t.Fatalf("survivors admitted %d; the bucket held %d less the victim's unspent %.0f, plus %d refilled: at most %d",
+			admitted, capacity-20, held, refill, limit)
+	}
+
+	// The victim's leases end at most a lease life (30s) and a quarter of
+	// it after they were granted; then nothing is out and the bucket
+	// refills to full in capacity ÷ rate. Wait for that on Redis's side.
+	rdb := srv.Client()
+	key := "rl:{users:header:x-user:held}"
+	if fields := rdb.HGetAll(context.Background(), key).Val(); !hasLease(fields) {
+		t.Fatalf("no lease counted out in Redis after the kill: %v", fields)
+	}
+	deadline := time.Now().Add(30*time.Second + 7500*time.Millisecond + capacity/rate*time.Second + 10*time.Second)
+	for {
+		fields, err := rdb.HGetAll(context.Background(), key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !hasLease(fields) && len(fields) == 0 {
+			break // full again: the bucket's key is gone
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bucket not full a lease life and a refill after the kill: %v", fields)
+		}
+		time.Sleep(200 * time.Millisecond) // waiting on real time: the lease's end and refill
+	}
+	results, elapsed = timedDrive(t, survivors, 1000, seedConcurrency, req)
+	again := tally(t, results)[200]
+	refill = int(math.Ceil(rate * elapsed.Seconds()))
+	t.Logf("after the victim's leases ended the survivors admitted %d in %v", again, elapsed.Round(time.Millisecond))
+	if again < capacity || again > capacity+refill {
+		t.Fatalf("survivors admitted %d from a full bucket; want its capacity %d (+%d refilled)", again, capacity, refill)
+	}
+	assertNoFallback(t, survivors)
+}
+
+// Many keys, each far from its limit, each seen a few times per replica
+// within a lease's life: each replica leases each key once. The first
+// slice is the replica's share of a lease life's refill (1,000 a minute ×
+// 30s ÷ 3 replicas = 167), capped at a quarter of the bucket over three
+// replicas (83), more than the ~7 decisions each replica makes for a key
+// here, so every later decision is spent locally: at most one lease call
+// per key per replica (300 keys × 3), about 150 per 1,000 decisions,
+// where redis mode makes 1,000.
+func TestHybridManyKeysLeaseOncePerReplica(t *testing.T) {
+	srv := testredis.Start(t)
+	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", `
+policies:
+  - {name: users, key: ["header:x-user"], limit: 1000, window: 1m}
+`))
+	const keys, decisions = 300, 6000
+	before := 0.0
+	for _, r := range replicas {
+		before += r.metric("extauthz_redis_calls_total", "op", "lease")
+	}
+	results, elapsed := timedDrive(t, replicas, decisions, 32, func(i int) *authv3.CheckRequest {
+		return userRequest(fmt.Sprintf("u%03d", (i/3)%keys), "") // each key to every replica in turn
+	})
+	if counts := tally(t, results); counts[200] != decisions {
+		t.Fatalf("statuses %v; every key is far from its limit", counts)
+	}
+	calls := -before
+	for _, r := range replicas {
+		calls += r.metric("extauthz_redis_calls_total", "op", "lease")
+	}
+	t.Logf("%d decisions on %d keys in %v: %.0f lease calls, %.0f per 1,000", decisions, keys, elapsed.Round(time.Millisecond), calls, 1000*calls/decisions)
+	if elapsed > 25*time.Second {
+		t.Skipf("the run took %v, near a lease's life: the claim is for keys seen within it", elapsed)
+	}
+	if limit := float64(keys * len(replicas)); calls > limit {
+		t.Fatalf("%.0f lease calls for %d keys on %d replicas; one each makes %.0f", calls, keys, len(replicas), limit)
+	}
+	assertNoFallback(t, replicas)
+}
+
+// hasLease reports whether a token bucket's hash counts tokens out on
+// leases (bucket_state.lua's x<ms> fields).
+func hasLease(fields map[string]string) bool {
+	for f := range fields {
+		if strings.HasPrefix(f, "x") {
+			return true
+		}
+	}
+	return false
+}
