@@ -48,54 +48,11 @@ func SlidingLogBytes(limit int64, maxKeys int) int64 {
 	return int64(lo)
 }
 
-// validateAlgorithm checks the settings that belong to one algorithm:
-// queue and max_delay (leaky_bucket only), and the sliding log's limit,
-// whose memory is one entry per admitted request.
-func validateAlgorithm(r *rawPolicy, path string, p *Policy, c *Config, errs *Errors) {
-	if p.Algorithm != LeakyBucket {
-		if r.Queue != nil {
-			errs.add(path+".queue", "applies to leaky_bucket only, not %s", p.Algorithm)
-		}
-		if r.MaxDelay != "" {
-			errs.add(path+".max_delay", "applies to leaky_bucket only, not %s", p.Algorithm)
-		}
-	} else {
-		p.Queue, p.MaxDelay = -1, DefaultMaxDelay
-		if r.Queue != nil {
-			p.Queue = *r.Queue
-			if p.Queue < 0 || p.Queue > maxQueue {
-				errs.add(path+".queue", "%d must be between 0 and %d", p.Queue, maxQueue)
-			}
-		}
-		durationField(r.MaxDelay, path+".max_delay", &p.MaxDelay, errs)
-		if p.MaxDelay > MaxMaxDelay {
-			errs.add(path+".max_delay", "%q must be at most %s: a held request must be answered within Envoy's ext_authz timeout (200ms by default), with room for the Redis call", r.MaxDelay, MaxMaxDelay)
-		}
-		if !p.UsePlan && p.Limit > 0 && p.Window > 0 && p.Window/time.Duration(p.Limit) > p.MaxDelay {
-			c.Warnings = append(c.Warnings, fmt.Sprintf("%s: leaky_bucket releases one request every %s, longer than max_delay %s: no request is ever held, a burst passes one and gets 429 for the rest",
-				path, p.Window/time.Duration(p.Limit), p.MaxDelay))
-		}
-	}
-
-	if p.Algorithm == SlidingLog {
-		const why = "is too large for sliding_log, which keeps one entry per admitted request and key; at most %d (or use sliding_window)"
-		const tooBig = "needs up to %s of sliding logs in this process (%d entries × local.max_keys %d × %d B), over local.max_log_bytes (%s); lower the limit or local.max_keys, raise local.max_log_bytes, or use sliding_window"
-		check := func(what string, n int64) {
-			switch {
-			case n > MaxSlidingLogLimit:
-				errs.add(path+".limit", "%s"+why, what, MaxSlidingLogLimit)
-			case SlidingLogBytes(n, c.Local.MaxKeys) > c.Local.MaxLogBytes:
-				errs.add(path+".limit", "%s"+tooBig, what, FormatBytes(SlidingLogBytes(n, c.Local.MaxKeys)),
-					n, c.Local.MaxKeys, LogEntryBytes, FormatBytes(c.Local.MaxLogBytes))
-			}
-		}
-		if p.UsePlan {
-			for _, name := range sortedKeys(c.Plans) {
-				n := c.Plans[name].Limit
-				check(fmt.Sprintf("plans.%s.limit %d ", name, n), n)
-			}
-		} else {
-			check(fmt.Sprintf("%d ", p.Limit), p.Limit)
-		}
+// warnLeakyBucket warns of a leaky_bucket policy that never holds a
+// request: one that releases a request less often than max_delay.
+func warnLeakyBucket(path string, p *Policy, c *Config) {
+	if p.Algorithm == LeakyBucket && !p.UsePlan && p.Limit > 0 && p.Window > 0 && p.Window/time.Duration(p.Limit) > p.MaxDelay {
+		c.Warnings = append(c.Warnings, fmt.Sprintf("%s: leaky_bucket releases one request every %s, longer than max_delay %s: no request is ever held, a burst passes one and gets 429 for the rest",
+			path, p.Window/time.Duration(p.Limit), p.MaxDelay))
 	}
 }

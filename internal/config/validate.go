@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"regexp"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -126,7 +125,7 @@ func validate(r *rawConfig, errs *Errors) *Config {
 		if m, ok := parseMode(r.DefaultMode); ok {
 			c.DefaultMode = m
 		} else {
-			errs.add("default_mode", "%q is not a mode; choices are local, redis, hybrid", r.DefaultMode)
+			errs.add("default_mode", "%q is not a mode; choices are %s", r.DefaultMode, modeChoices)
 		}
 	}
 	if c.DefaultMode != ModeLocal && c.Redis == nil {
@@ -448,8 +447,6 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 	p := Policy{
 		Name:         r.Name,
 		Burst:        r.Burst,
-		Mode:         c.DefaultMode,
-		OnRedisError: OnErrorFallback,
 		OnMissingKey: MissingAnonymous,
 		Shadow:       r.Shadow,
 	}
@@ -507,48 +504,12 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 			p.Window, p.Period = parseWindow(r.Window, path+".window", errs)
 		}
 	}
-	burstField(r.Burst, path+".burst", errs)
-	refillField(p.Limit, p.Window, p.Burst, path+".burst", errs)
-
-	p.Algorithm = TokenBucket
-	if r.Algorithm != "" {
-		p.Algorithm = Algorithm(r.Algorithm)
-		if !slices.Contains(Algorithms, p.Algorithm) {
-			names := make([]string, len(Algorithms))
-			for i, a := range Algorithms {
-				names[i] = string(a)
-			}
-			errs.add(path+".algorithm", "%q is not an algorithm; choices are %s", r.Algorithm, strings.Join(names, ", "))
-		}
-	}
+	limit := validatePolicyLimit(r, path, &p, c, errs)
+	p.Algorithm, p.Queue, p.MaxDelay, p.Mode, p.OnRedisError = limit.Algorithm, limit.Queue, limit.MaxDelay, limit.Mode, limit.OnRedisError
 	validateCalendar(r, path, &p, c, errs)
-	if p.Algorithm != TokenBucket {
-		if r.Burst != 0 {
-			errs.add(path+".burst", "applies to token_bucket only, not %s", p.Algorithm)
-		}
-	}
-	validateAlgorithm(r, path, &p, c, errs)
+	warnLeakyBucket(path, &p, c)
 	validateCost(&r.Cost, path+".cost", &p, c, errs)
 
-	if r.Mode != "" {
-		m, ok := parseMode(r.Mode)
-		if !ok {
-			errs.add(path+".mode", "%q is not a mode; choices are local, redis, hybrid", r.Mode)
-		}
-		p.Mode = m
-	}
-	if p.Mode != ModeLocal && p.Mode != "" && c.Redis == nil {
-		errs.add(path+".mode", "%q needs a redis section", p.Mode)
-	}
-
-	if r.OnRedisError != "" {
-		switch v := OnRedisError(r.OnRedisError); v {
-		case OnErrorFallback, OnErrorAllow, OnErrorDeny:
-			p.OnRedisError = v
-		default:
-			errs.add(path+".on_redis_error", "%q is not a choice; choices are fallback, allow, deny", r.OnRedisError)
-		}
-	}
 	if r.OnMissingKey != "" {
 		switch v := OnMissingKey(r.OnMissingKey); v {
 		case MissingAnonymous, MissingReject:
@@ -589,6 +550,38 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		}
 	}
 	return p
+}
+
+// policyPlace is where a policy's limit is written: this file, whose
+// leaky buckets hold a Check, which Envoy's ext_authz filter gives 200ms.
+var policyPlace = LimitPlace{
+	CountField:       "limit",
+	DefaultAlgorithm: TokenBucket,
+	RedisSection:     "a redis section",
+	DefaultMaxDelay:  DefaultMaxDelay,
+	HeldCall:         "a held request must be answered within Envoy's ext_authz timeout (200ms by default), with room for the Redis call",
+}
+
+// validatePolicyLimit checks the settings a policy shares with every
+// limit (ValidateLimit): its counts are its own limit, or each plan's for
+// limit: plan. A calendar window is counted by fixed_window unless told
+// otherwise (validateCalendar refuses any other).
+func validatePolicyLimit(r *rawPolicy, path string, p *Policy, c *Config, errs *Errors) LimitSettings {
+	place := policyPlace
+	place.DefaultMode, place.Redis, place.Local = c.DefaultMode, c.Redis != nil, c.Local
+	if r.Calendar {
+		place.DefaultAlgorithm = FixedWindow
+	}
+	f := LimitFields{Algorithm: r.Algorithm, Burst: r.Burst, Queue: r.Queue, MaxDelay: r.MaxDelay, Mode: r.Mode, OnRedisError: r.OnRedisError}
+	if p.UsePlan {
+		for _, name := range sortedKeys(c.Plans) {
+			plan := c.Plans[name]
+			f.Counts = append(f.Counts, LimitCount{Of: "plans." + name + ".limit", N: plan.Limit, Window: plan.Window})
+		}
+	} else {
+		f.Counts = []LimitCount{{N: p.Limit, Window: p.Window}}
+	}
+	return ValidateLimit(&f, path, &place, errs)
 }
 
 func hasPart(parts []KeyPart, kind KeyKind) bool {

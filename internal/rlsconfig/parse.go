@@ -2,10 +2,7 @@ package rlsconfig
 
 import (
 	"fmt"
-	"slices"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/extauthz/extauthz/internal/config"
 )
@@ -49,16 +46,13 @@ type rawReplace struct {
 	Name string `yaml:"name"`
 }
 
-// maxBurst bounds burst as the main configuration bounds its limits.
-const maxBurst = 1 << 40
-
 func parse(data []byte, name string, o Options) (*Domain, []string, error) {
 	var raw rawFile
 	errs := config.DecodeYAML(data, name, &raw)
 	if err := errs.Err(); err != nil {
 		return nil, nil, err
 	}
-	v := &validator{file: name, opts: o, errs: errs}
+	v := &validator{file: name, place: limitPlace(o), errs: errs}
 	d := &Domain{Name: raw.Domain, File: name}
 	if raw.Domain == "" {
 		errs.Add("domain", "is required: the domain Envoy's rate limit filter names")
@@ -70,10 +64,37 @@ func parse(data []byte, name string, o Options) (*Domain, []string, error) {
 	return d, v.warnings, nil
 }
 
+// limitPlace is where a descriptor's rate_limit is written: a file beside
+// the main configuration, whose redis section and local bounds apply, and
+// whose leaky buckets hold a ShouldRateLimit call, which Envoy's rate
+// limit filter gives 20ms by default (so nothing is held unless asked).
+func limitPlace(o Options) config.LimitPlace {
+	p := config.LimitPlace{
+		CountField:       "requests_per_unit",
+		DefaultAlgorithm: config.FixedWindow,
+		DefaultMode:      o.DefaultMode,
+		Redis:            o.Redis,
+		RedisSection:     "a redis section in the main configuration",
+		ZeroMaxDelay:     true,
+		HeldCall:         "a held request is an open ShouldRateLimit call, which Envoy's rate limit filter gives 20ms by default",
+		Local:            o.Local,
+	}
+	if p.DefaultMode == "" {
+		p.DefaultMode = config.ModeLocal
+	}
+	if p.Local.MaxKeys == 0 {
+		p.Local.MaxKeys = config.DefaultMaxKeys
+	}
+	if p.Local.MaxLogBytes == 0 {
+		p.Local.MaxLogBytes = config.DefaultMaxLogBytes
+	}
+	return p
+}
+
 // validator checks one file.
 type validator struct {
 	file     string
-	opts     Options
+	place    config.LimitPlace
 	errs     *config.Errors
 	warnings []string
 }
@@ -179,83 +200,15 @@ func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
 		l.RequestsPerUnit = *r.RequestsPerUnit
 	}
 
-	l.Algorithm = config.FixedWindow
-	if r.Algorithm != "" {
-		l.Algorithm = config.Algorithm(r.Algorithm)
-		if !slices.Contains(config.Algorithms, l.Algorithm) {
-			names := make([]string, len(config.Algorithms))
-			for i, a := range config.Algorithms {
-				names[i] = string(a)
-			}
-			v.errs.Add(path+".algorithm", "%q is not an algorithm; choices are %s", r.Algorithm, strings.Join(names, ", "))
-		}
-	}
-	l.Burst = r.Burst
-	if r.Burst != 0 && l.Algorithm != config.TokenBucket {
-		v.errs.Add(path+".burst", "applies to token_bucket only, not %s", l.Algorithm)
-	} else if r.Burst < 0 || r.Burst > maxBurst {
-		v.errs.Add(path+".burst", "%d must be between 0 (requests_per_unit) and %d", r.Burst, int64(maxBurst))
-	}
-	v.leakyBucket(r, path, l)
-	if l.Algorithm == config.SlidingLog && l.RequestsPerUnit > config.MaxSlidingLogLimit {
-		v.errs.Add(path+".requests_per_unit", "%d is too large for sliding_log, which keeps one entry per admitted request and key; at most %d (or use sliding_window)",
-			l.RequestsPerUnit, config.MaxSlidingLogLimit)
-	}
-
-	l.Mode = v.opts.DefaultMode
-	if l.Mode == "" {
-		l.Mode = config.ModeLocal
-	}
-	if r.Mode != "" {
-		switch m := config.Mode(r.Mode); m {
-		case config.ModeLocal, config.ModeRedis, config.ModeHybrid:
-			l.Mode = m
-		default:
-			v.errs.Add(path+".mode", "%q is not a mode; choices are local, redis, hybrid", r.Mode)
-		}
-	}
-	if l.Mode != config.ModeLocal && !v.opts.Redis {
-		v.errs.Add(path+".mode", "%q needs a redis section in the main configuration", l.Mode)
-	}
-	l.OnRedisError = config.OnErrorFallback
-	if r.OnRedisError != "" {
-		switch e := config.OnRedisError(r.OnRedisError); e {
-		case config.OnErrorFallback, config.OnErrorAllow, config.OnErrorDeny:
-			l.OnRedisError = e
-		default:
-			v.errs.Add(path+".on_redis_error", "%q is not a choice; choices are fallback, allow, deny", r.OnRedisError)
-		}
-	}
+	set := config.ValidateLimit(&config.LimitFields{
+		Algorithm:    r.Algorithm,
+		Burst:        r.Burst,
+		Queue:        r.Queue,
+		MaxDelay:     r.MaxDelay,
+		Mode:         r.Mode,
+		OnRedisError: r.OnRedisError,
+		Counts:       []config.LimitCount{{N: l.RequestsPerUnit, Window: l.Window}},
+	}, path, &v.place, v.errs)
+	l.Algorithm, l.Burst, l.Queue, l.MaxDelay, l.Mode, l.OnRedisError = set.Algorithm, r.Burst, set.Queue, set.MaxDelay, set.Mode, set.OnRedisError
 	return l
-}
-
-// leakyBucket checks queue and max_delay, which shape a leaky_bucket.
-func (v *validator) leakyBucket(r *rawRateLimit, path string, l *RateLimit) {
-	if l.Algorithm != config.LeakyBucket {
-		if r.Queue != nil {
-			v.errs.Add(path+".queue", "applies to leaky_bucket only, not %s", l.Algorithm)
-		}
-		if r.MaxDelay != "" {
-			v.errs.Add(path+".max_delay", "applies to leaky_bucket only, not %s", l.Algorithm)
-		}
-		return
-	}
-	l.Queue = -1
-	if r.Queue != nil {
-		l.Queue = *r.Queue
-		if l.Queue < 0 || l.Queue > 100_000 {
-			v.errs.Add(path+".queue", "%d must be between 0 and 100000", l.Queue)
-		}
-	}
-	if r.MaxDelay != "" {
-		d, err := time.ParseDuration(r.MaxDelay)
-		switch {
-		case err != nil:
-			v.errs.Add(path+".max_delay", "%s is not a duration (like 10ms)", strconv.Quote(r.MaxDelay))
-		case d < 0 || d > config.MaxMaxDelay:
-			v.errs.Add(path+".max_delay", "%q must be between 0 and %s: a held request is an open ShouldRateLimit call, which Envoy's rate limit filter gives 20ms by default", r.MaxDelay, config.MaxMaxDelay)
-		default:
-			l.MaxDelay = d
-		}
-	}
 }

@@ -7,7 +7,9 @@
 // Each rate_limit may add extauthz's own settings: algorithm (default
 // fixed_window, the windows aligned to the unit that envoyproxy/ratelimit
 // counts in), mode, on_redis_error, burst, and for leaky_bucket queue and
-// max_delay.
+// max_delay. These are checked by config.ValidateLimit, as a policy's are,
+// and a sliding_log's memory is bounded by the main configuration's local
+// section.
 //
 // Decoding is as strict as internal/config's: an unknown field, a value of
 // the wrong shape or an impossible setting is an error naming the file and
@@ -114,9 +116,13 @@ type Options struct {
 	// Source names the main configuration file in errors about the
 	// paths it lists (rls.domains).
 	Source string
+	// Local is the main configuration's bounds of this process's state:
+	// a sliding_log limit's logs are bounded as a policy's are. A zero
+	// field takes the main configuration's default.
+	Local config.Local
 }
 
 // OptionsFor returns the options the main configuration c implies.
 func OptionsFor(c *config.Config) Options {
-	return Options{DefaultMode: c.DefaultMode, Redis: c.Redis != nil, Source: c.Source}
+	return Options{DefaultMode: c.DefaultMode, Redis: c.Redis != nil, Source: c.Source, Local: c.Local}
 }

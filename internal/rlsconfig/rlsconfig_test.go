@@ -221,3 +221,35 @@ func TestWarnings(t *testing.T) {
 		t.Fatalf("warnings:\n%s", strings.Join(c.Warnings, "\n"))
 	}
 }
+
+// A sliding_log descriptor is bounded by the main configuration's
+// local.max_keys and local.max_log_bytes, as a policy is: the same file
+// is refused under the defaults and accepted where the main configuration
+// allows its logs.
+func TestSlidingLogMemoryFollowsMainConfiguration(t *testing.T) {
+	dir := t.TempDir()
+	f := write(t, dir, "logins.yaml", "domain: logins\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: sliding_log}\n")
+	load := func(main string) error {
+		t.Helper()
+		c, err := config.Parse([]byte(main), "extauthz.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = Load([]string{f}, OptionsFor(c))
+		return err
+	}
+	err := load("local: {max_keys: 100000}\n")
+	want := f + ": descriptors[0].rate_limit.requests_per_unit: 1000 needs up to 762.9 MiB of sliding logs in this process (1000 entries × local.max_keys 100000 × 8 B), over local.max_log_bytes (256 MiB)"
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("error %v; want %s…", err, want)
+	}
+	err = load("local: {max_keys: 1000, max_log_bytes: 1MiB}\n")
+	if want := "(1000 entries × local.max_keys 1000 × 8 B), over local.max_log_bytes (1 MiB)"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %v; want %s", err, want)
+	}
+	for _, main := range []string{"local: {max_log_bytes: 1GiB}\n", "local: {max_keys: 10000}\n"} {
+		if err := load(main); err != nil {
+			t.Errorf("%q: %v", main, err)
+		}
+	}
+}

@@ -53,7 +53,7 @@ import (
 // One breaker per master. A standalone Redis has one breaker, for the
 // whole store. A Redis Cluster fails one master at a time: a master that
 // dies takes its slots with it until a replica is promoted, while the
-// other masters serve theirs as before. So with a Router the store keeps
+// other masters serve theirs as before. So with a Router the breaker keeps
 // the evidence, the probe and the verdict above per master (a node,
 // named by its address): a call counts for the master that serves its
 // key's slot, a master's probe asks that master alone (on a connection of
@@ -85,6 +85,93 @@ type Router interface {
 	ReloadState(ctx context.Context)
 }
 
+// prober is what the breaker needs of Redis: to ask a server whether it
+// serves, and, for a Cluster, which master serves a key. The store's is
+// storeProber, over its probe clients and its Router.
+type prober interface {
+	// probe runs one key command (EXISTS key) on the probe connection of
+	// the server at addr ("": the standalone server, or a Cluster whose
+	// slot map is unknown), within timeout, and returns its error as the
+	// client gives it: nil, an error reply, or no reply.
+	probe(addr, key string, timeout time.Duration) error
+	// master returns the address of the Cluster master serving key.
+	master(ctx context.Context, key string) (string, error)
+	// reloadSlots asks a Cluster for its slot map again, in the background.
+	reloadSlots()
+}
+
+// breakerOptions configure a breaker; every field is required but Now.
+type breakerOptions struct {
+	// StallAfter, ProbeTimeout and ProbeEvery time the breaker (the
+	// design note above).
+	StallAfter, ProbeTimeout, ProbeEvery time.Duration
+	// CallTimeout is the store's per-call timeout: a down server's probe
+	// waits as long as a decision's call would, ProbeTimeout at least.
+	CallTimeout time.Duration
+	// Cluster judges each master alone, as the prober routes keys.
+	Cluster bool
+	// WholeKey is the key the standalone server's probes ask for.
+	WholeKey string
+	// Warm loads the scripts into Redis: on a master that appears while
+	// the breaker runs, and on a server that is back.
+	Warm    func(context.Context) error
+	Metrics *Metrics
+	Log     *slog.Logger
+	// Now is the breaker's clock; nil: time.Now. The calls' instants
+	// (node.begin, node.end) must come from the same clock.
+	Now func() time.Time
+}
+
+// breaker marks Redis servers down when they are unavailable and up when
+// they answer again (the design note above). It is safe for concurrent
+// use; watch runs on one goroutine.
+type breaker struct {
+	p    prober
+	opts breakerOptions
+
+	// whole is the breaker of a standalone server, and of a Cluster
+	// whose slot map is unknown; nodes, a Cluster's masters by address.
+	whole     *node
+	nodesMu   sync.RWMutex
+	nodes     map[string]*node
+	downNodes atomic.Int64
+
+	// closed: the store is closing; nothing is marked down from now on.
+	closed   atomic.Bool
+	stop     chan struct{} // closed by close: the watch ends
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+func newBreaker(p prober, o breakerOptions) *breaker {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	b := &breaker{p: p, opts: o, nodes: map[string]*node{}, stop: make(chan struct{})}
+	b.whole = newNode("", o.WholeKey)
+	o.Metrics.Up.Set(1)
+	return b
+}
+
+func (b *breaker) now() time.Time { return b.opts.Now() }
+
+// start runs the watch (watchAt every tick) until close.
+func (b *breaker) start() {
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		b.watch()
+	}()
+}
+
+// close stops marking servers down (a probe that fails while the store
+// closes says nothing about Redis) and stops the watch.
+func (b *breaker) close() {
+	b.closed.Store(true)
+	b.stopOnce.Do(func() { close(b.stop) })
+	b.wg.Wait()
+}
+
 // outage is closed (its context canceled) when a node is marked down;
 // calls in flight watch it and give up at once.
 type outage struct {
@@ -100,9 +187,8 @@ func newOutage() *outage {
 // node is the breaker of one Redis server: the standalone server (or a
 // Cluster whose slot map is unknown), addr empty; or one Cluster master.
 type node struct {
-	addr  string
-	probe rediser // this node's probes; for a master, a client of its own
-	key   string  // a key this master served when first seen, for its probes
+	addr string
+	key  string // a key this server served when first seen, for its probes
 
 	down   atomic.Bool
 	outage atomic.Pointer[outage] // canceled when the node is marked down
@@ -121,72 +207,66 @@ type node struct {
 	lastProbe time.Time // the watch's last probe while down; the watch's alone
 }
 
-func newNode(addr string, probe rediser, key string) *node {
-	n := &node{addr: addr, probe: probe, key: key}
+func newNode(addr, key string) *node {
+	n := &node{addr: addr, key: key}
 	n.outage.Store(newOutage())
 	return n
 }
 
 // nodeFor returns the breaker that judges calls for key.
-func (s *Store) nodeFor(ctx context.Context, key string) *node {
-	r := s.opts.Router
-	if r == nil || s.whole.down.Load() {
+func (b *breaker) nodeFor(ctx context.Context, key string) *node {
+	if !b.opts.Cluster || b.whole.down.Load() {
 		// Standalone; or a Cluster that has never answered (no slot
 		// map): routing would only wait on it again.
-		return s.whole
+		return b.whole
 	}
-	m, err := r.MasterForKey(ctx, key)
+	addr, err := b.p.master(ctx, key)
 	if err != nil {
-		return s.whole
+		return b.whole
 	}
-	addr := m.Options().Addr
-	s.nodesMu.RLock()
-	n := s.nodes[addr]
-	s.nodesMu.RUnlock()
+	b.nodesMu.RLock()
+	n := b.nodes[addr]
+	b.nodesMu.RUnlock()
 	if n != nil {
 		return n
 	}
-	return s.addNode(addr, key)
+	return b.addNode(addr, key)
 }
 
 // addNode starts judging the master at addr, first seen serving key.
-func (s *Store) addNode(addr, key string) *node {
-	s.nodesMu.Lock()
-	defer s.nodesMu.Unlock()
-	if n := s.nodes[addr]; n != nil {
+func (b *breaker) addNode(addr, key string) *node {
+	b.nodesMu.Lock()
+	defer b.nodesMu.Unlock()
+	if n := b.nodes[addr]; n != nil {
 		return n
 	}
-	probe := s.probe
-	if s.opts.NodeProbe != nil {
-		probe = s.opts.NodeProbe(addr)
-	}
-	n := newNode(addr, probe, key)
-	s.nodes[addr] = n
-	if len(s.nodes) > 1 && !s.closed.Load() {
+	n := newNode(addr, key)
+	b.nodes[addr] = n
+	if len(b.nodes) > 1 && !b.closed.Load() {
 		// A master appearing while we run (a promoted replica, a new
 		// shard) has no scripts loaded: load them before decisions pay a
 		// NOSCRIPT round trip each.
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			s.Warm(ctx)
+			b.opts.Warm(ctx)
 		}()
 	}
 	return n
 }
 
 // eachNode calls fn for every node: the whole store's, then each master's.
-func (s *Store) eachNode(fn func(*node)) {
-	fn(s.whole)
-	if s.opts.Router == nil {
+func (b *breaker) eachNode(fn func(*node)) {
+	fn(b.whole)
+	if !b.opts.Cluster {
 		return
 	}
-	s.nodesMu.RLock()
-	nodes := make([]*node, 0, len(s.nodes))
-	for _, n := range s.nodes {
+	b.nodesMu.RLock()
+	nodes := make([]*node, 0, len(b.nodes))
+	for _, n := range b.nodes {
 		nodes = append(nodes, n)
 	}
-	s.nodesMu.RUnlock()
+	b.nodesMu.RUnlock()
 	for _, n := range nodes {
 		fn(n)
 	}
@@ -218,7 +298,7 @@ func (n *node) end(ns int64, ok bool) {
 
 // suspect starts a confirmation probe of n unless one is running or n is
 // already down.
-func (s *Store) suspect(n *node, cause error) {
+func (b *breaker) suspect(n *node, cause error) {
 	n.verdictMu.Lock()
 	if n.down.Load() || n.verdict != nil {
 		n.verdictMu.Unlock()
@@ -227,60 +307,54 @@ func (s *Store) suspect(n *node, cause error) {
 	done := make(chan struct{})
 	n.verdict = done
 	n.verdictMu.Unlock()
-	go s.confirm(n, cause, done)
+	go b.confirm(n, cause, done)
 }
 
 // confirm probes n on its own connection and opens its breaker if the
 // probe fails and no call succeeded while it ran. It closes done when the
 // verdict is in.
-func (s *Store) confirm(n *node, cause error, done chan struct{}) {
+func (b *breaker) confirm(n *node, cause error, done chan struct{}) {
 	defer func() {
 		n.verdictMu.Lock()
 		n.verdict = nil
 		n.verdictMu.Unlock()
 		close(done)
 	}()
-	timeout := s.opts.ProbeTimeout
+	timeout := b.opts.ProbeTimeout
 	for {
-		began := time.Now()
-		err := s.probeOnce(n, timeout)
+		began := b.now()
+		err := b.probeOnce(n, timeout)
 		if err == nil {
-			s.opts.Metrics.Calls.WithLabelValues("confirm", "ok").Inc()
+			b.opts.Metrics.Calls.WithLabelValues("confirm", "ok").Inc()
 			return
 		}
 		if n.lastOK.Load() >= began.UnixNano() {
-			s.opts.Metrics.Calls.WithLabelValues("confirm", resultOf(err)).Inc()
+			b.opts.Metrics.Calls.WithLabelValues("confirm", resultOf(err)).Inc()
 			return // a decision's call got through meanwhile: Redis answers
 		}
-		if late := time.Since(began) - timeout; isTimeout(err) && late > timeout/5 && !s.closed.Load() {
+		if late := b.now().Sub(began) - timeout; isTimeout(err) && late > timeout/5 && !b.closed.Load() {
 			// The timeout was noticed late: this process was not running
 			// when the probe's deadline passed (a CPU limit, a starved
 			// machine), and Redis's answer may have been waiting to be
 			// read. That says nothing about Redis: ask again, with a
 			// shorter deadline so that a periodic freeze does not land
 			// on it again.
-			s.opts.Metrics.Calls.WithLabelValues("confirm", "inconclusive").Inc()
-			timeout = max(timeout*7/10, s.opts.ProbeTimeout/2)
+			b.opts.Metrics.Calls.WithLabelValues("confirm", "inconclusive").Inc()
+			timeout = max(timeout*7/10, b.opts.ProbeTimeout/2)
 			continue
 		}
-		s.opts.Metrics.Calls.WithLabelValues("confirm", resultOf(err)).Inc()
-		s.markDown(n, cause, err)
+		b.opts.Metrics.Calls.WithLabelValues("confirm", resultOf(err)).Inc()
+		b.markDown(n, cause, err)
 		return
 	}
 }
 
 // tick is the watch's period.
-func (s *Store) tick() time.Duration { return max(s.opts.StallAfter/2, time.Millisecond) }
+func (b *breaker) tick() time.Duration { return max(b.opts.StallAfter/2, time.Millisecond) }
 
-// AwaitVerdict waits, at most until ctx is done, for the confirmation
-// probe that a failed call for partition started, and reports whether the
-// node serving partition is down. A decision whose call failed asks it
-// before falling back, so that a real outage is answered as one (a fresh
-// share for keys Redis never reported on) and a failure while Redis is up
-// is answered as what it may be: a call that ran. (If the slot map moved
-// partition to another master meanwhile, that master's verdict answers.)
-func (s *Store) AwaitVerdict(ctx context.Context, partition string) (down bool) {
-	n := s.nodeFor(ctx, s.key(partition))
+// awaitVerdict waits, at most until ctx is done, for the confirmation
+// probe running for n, and reports whether n is down (Store.AwaitVerdict).
+func (b *breaker) awaitVerdict(ctx context.Context, n *node) (down bool) {
 	n.verdictMu.Lock()
 	done := n.verdict
 	n.verdictMu.Unlock()
@@ -293,21 +367,18 @@ func (s *Store) AwaitVerdict(ctx context.Context, partition string) (down bool) 
 	return n.down.Load()
 }
 
-// probeOnce runs one key command on n's probe connection. It is a key
-// command, not PING: a Redis Cluster that has lost a master still answers
-// PING but refuses keys with CLUSTERDOWN. A master asked for a key whose
-// slot it no longer serves answers MOVED: it is up, and the slot map is
-// stale.
-func (s *Store) probeOnce(n *node, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
+// probeOnce asks n whether it serves, with a key command: not PING, since
+// a Redis Cluster that has lost a master still answers PING but refuses
+// keys with CLUSTERDOWN. A master asked for a key whose slot it no longer
+// serves answers MOVED: it is up, and the slot map is stale.
+func (b *breaker) probeOnce(n *node, timeout time.Duration) error {
+	err := b.p.probe(n.addr, n.key, timeout)
 	if n.addr == "" {
-		return n.probe.Exists(ctx, s.peersKey()).Err()
+		return err
 	}
-	err := n.probe.Exists(ctx, n.key).Err()
 	if err != nil && !unavailable(err) {
 		if redirected(err) {
-			s.opts.Router.ReloadState(ctx)
+			b.p.reloadSlots()
 		}
 		return nil // the master answered
 	}
@@ -326,108 +397,140 @@ func redirected(err error) bool {
 
 // markDown opens n's breaker: its calls fail at once, those in flight
 // give up.
-func (s *Store) markDown(n *node, cause, probeErr error) {
-	if s.closed.Load() || !n.down.CompareAndSwap(false, true) {
+func (b *breaker) markDown(n *node, cause, probeErr error) {
+	if b.closed.Load() || !n.down.CompareAndSwap(false, true) {
 		return
 	}
-	s.nodeDown(1)
-	s.opts.Metrics.BreakerOpened.Inc()
+	b.nodeDown(1)
+	b.opts.Metrics.BreakerOpened.Inc()
 	n.outage.Load().cancel()
-	s.opts.Log.Warn("redis marked down; policies follow on_redis_error",
+	b.opts.Log.Warn("redis marked down; policies follow on_redis_error",
 		n.logAttrs("error", cause.Error(), "probe", probeErr.Error())...)
 }
 
 // markUp closes n's breaker after a probe answered.
-func (s *Store) markUp(n *node) {
+func (b *breaker) markUp(n *node) {
 	wctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	if err := s.Warm(wctx); err != nil { // a restarted Redis has an empty script cache
-		s.opts.Log.Debug("loading scripts after redis came back", "error", err.Error())
+	if err := b.opts.Warm(wctx); err != nil { // a restarted Redis has an empty script cache
+		b.opts.Log.Debug("loading scripts after redis came back", "error", err.Error())
 	}
 	cancel()
 	n.outage.Store(newOutage())
 	n.down.Store(false)
-	s.opts.Log.Info("redis is back; policies return to their mode", n.logAttrs()...)
-	s.nodeDown(-1)
+	b.opts.Log.Info("redis is back; policies return to their mode", n.logAttrs()...)
+	b.nodeDown(-1)
 }
 
 // nodeDown counts a node marked down (+1) or back (-1): the store is up
 // (extauthz_redis_up 1) while no node is down.
-func (s *Store) nodeDown(delta int64) {
-	down := s.downNodes.Add(delta)
-	s.opts.Metrics.NodesDown.Set(float64(down))
+func (b *breaker) nodeDown(delta int64) {
+	down := b.downNodes.Add(delta)
+	b.opts.Metrics.NodesDown.Set(float64(down))
 	if down == 0 {
-		s.opts.Metrics.Up.Set(1)
+		b.opts.Metrics.Up.Set(1)
 	} else {
-		s.opts.Metrics.Up.Set(0)
+		b.opts.Metrics.Up.Set(0)
 	}
 }
 
-// watch raises suspicion when a node's calls are pending and none has
-// finished for StallAfter (a frozen Redis fails nothing: it only stops
-// answering), and probes each down node every ProbeEvery.
-func (s *Store) watch() {
-	defer s.wg.Done()
-	tick := time.NewTicker(s.tick())
+// watch runs watchAt every tick until close.
+func (b *breaker) watch() {
+	tick := time.NewTicker(b.tick())
 	defer tick.Stop()
 	for {
 		var now time.Time
 		select {
-		case <-s.stop:
+		case <-b.stop:
 			return
 		case now = <-tick.C:
 		}
-		s.eachNode(func(n *node) { s.watchNode(n, now) })
+		b.watchAt(now)
 	}
 }
 
-func (s *Store) watchNode(n *node, now time.Time) {
+// watchAt raises suspicion when a node's calls are pending and none has
+// finished for StallAfter (a frozen Redis fails nothing: it only stops
+// answering), and probes each down node every ProbeEvery.
+func (b *breaker) watchAt(now time.Time) {
+	b.eachNode(func(n *node) { b.watchNode(n, now) })
+}
+
+func (b *breaker) watchNode(n *node, now time.Time) {
 	if !n.down.Load() {
-		if n.inflight.Load() > 0 && now.UnixNano()-n.progress.Load() >= int64(s.opts.StallAfter) {
-			s.suspect(n, errStalled)
+		if n.inflight.Load() > 0 && now.UnixNano()-n.progress.Load() >= int64(b.opts.StallAfter) {
+			b.suspect(n, errStalled)
 		}
 		return
 	}
-	if now.Sub(n.lastProbe) < s.opts.ProbeEvery {
+	if now.Sub(n.lastProbe) < b.opts.ProbeEvery {
 		return
 	}
 	n.lastProbe = now
 	if n.addr != "" {
 		// A replica may have taken this master's slots: ask for the
 		// map again, and stop judging a master it no longer names.
-		s.opts.Router.ReloadState(context.Background())
-		if s.forget(n) {
+		b.p.reloadSlots()
+		if b.forget(n) {
 			return
 		}
 	}
-	if err := s.probeOnce(n, max(s.opts.ProbeTimeout, s.opts.Timeout)); err != nil {
-		s.opts.Metrics.Calls.WithLabelValues("probe", resultOf(err)).Inc()
+	if err := b.probeOnce(n, max(b.opts.ProbeTimeout, b.opts.CallTimeout)); err != nil {
+		b.opts.Metrics.Calls.WithLabelValues("probe", resultOf(err)).Inc()
 		return
 	}
-	s.opts.Metrics.Calls.WithLabelValues("probe", "ok").Inc()
-	s.markUp(n)
+	b.opts.Metrics.Calls.WithLabelValues("probe", "ok").Inc()
+	b.markUp(n)
 }
 
 // forget drops down master n once the slot map sends its probe key to
 // another master: its slots were taken over, and keys route there.
-func (s *Store) forget(n *node) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ProbeTimeout)
+func (b *breaker) forget(n *node) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), b.opts.ProbeTimeout)
 	defer cancel()
-	m, err := s.opts.Router.MasterForKey(ctx, n.key)
-	if err != nil || m.Options().Addr == n.addr {
+	addr, err := b.p.master(ctx, n.key)
+	if err != nil || addr == n.addr {
 		return false
 	}
-	s.nodesMu.Lock()
-	if s.nodes[n.addr] == n {
-		delete(s.nodes, n.addr)
+	b.nodesMu.Lock()
+	if b.nodes[n.addr] == n {
+		delete(b.nodes, n.addr)
 	}
-	s.nodesMu.Unlock()
+	b.nodesMu.Unlock()
 	if n.down.CompareAndSwap(true, false) {
-		s.nodeDown(-1)
+		b.nodeDown(-1)
 	}
-	s.opts.Log.Info("redis cluster master replaced; its keys return to their mode",
-		slog.String("node", n.addr), slog.String("now", m.Options().Addr))
+	b.opts.Log.Info("redis cluster master replaced; its keys return to their mode",
+		slog.String("node", n.addr), slog.String("now", addr))
 	return true
 }
+
+// storeProber is the store's prober: EXISTS on the probe clients (one
+// per Cluster master when the store has NodeProbe), routed by the Router.
+type storeProber struct {
+	probeClient rediser                   // the standalone server's, or the Cluster's as a whole
+	nodeProbe   func(addr string) rediser // nil: probeClient for every master
+	router      Router                    // nil: standalone
+}
+
+func (p *storeProber) probe(addr, key string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c := p.probeClient
+	if addr != "" && p.nodeProbe != nil {
+		c = p.nodeProbe(addr)
+	}
+	return c.Exists(ctx, key).Err()
+}
+
+func (p *storeProber) master(ctx context.Context, key string) (string, error) {
+	m, err := p.router.MasterForKey(ctx, key)
+	if err != nil {
+		return "", err
+	}
+	return m.Options().Addr, nil
+}
+
+func (p *storeProber) reloadSlots() { p.router.ReloadState(context.Background()) }
 
 // unavailable reports whether err says Redis cannot serve (as opposed to
 // an error about one key or script, which it answered).

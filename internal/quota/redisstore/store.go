@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -70,21 +68,9 @@ type StoreOptions struct {
 // so no decision waits on an unreachable Redis, while a probe tests
 // whether it is back.
 type Store struct {
-	rdb   rediser
-	probe rediser
-	opts  StoreOptions
-
-	// whole is the breaker of a standalone server, and of a Cluster
-	// whose slot map is unknown; nodes, a Cluster's masters by address.
-	whole     *node
-	nodesMu   sync.RWMutex
-	nodes     map[string]*node
-	downNodes atomic.Int64
-
-	stop     chan struct{}
-	stopOnce sync.Once
-	closed   atomic.Bool
-	wg       sync.WaitGroup
+	rdb     rediser
+	opts    StoreOptions
+	breaker *breaker
 }
 
 // NewStore returns a Store using rdb and starts its watch; Close stops it.
@@ -110,11 +96,19 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(nil)
 	}
-	s := &Store{rdb: rdb, probe: opts.Probe, opts: opts, stop: make(chan struct{}), nodes: map[string]*node{}}
-	s.whole = newNode("", opts.Probe, "")
-	opts.Metrics.Up.Set(1)
-	s.wg.Add(1)
-	go s.watch()
+	s := &Store{rdb: rdb, opts: opts}
+	s.breaker = newBreaker(&storeProber{probeClient: opts.Probe, nodeProbe: opts.NodeProbe, router: opts.Router}, breakerOptions{
+		StallAfter:   opts.StallAfter,
+		ProbeTimeout: opts.ProbeTimeout,
+		ProbeEvery:   opts.ProbeEvery,
+		CallTimeout:  opts.Timeout,
+		Cluster:      opts.Router != nil,
+		WholeKey:     s.peersKey(),
+		Warm:         s.Warm,
+		Metrics:      opts.Metrics,
+		Log:          opts.Log,
+	})
+	s.breaker.start()
 	return s
 }
 
@@ -131,10 +125,17 @@ func (s *Store) Warm(ctx context.Context) error {
 }
 
 // Close stops the watch. It does not close the clients.
-func (s *Store) Close() {
-	s.closed.Store(true)
-	s.stopOnce.Do(func() { close(s.stop) })
-	s.wg.Wait()
+func (s *Store) Close() { s.breaker.close() }
+
+// AwaitVerdict waits, at most until ctx is done, for the confirmation
+// probe that a failed call for partition started, and reports whether the
+// node serving partition is down. A decision whose call failed asks it
+// before falling back, so that a real outage is answered as one (a fresh
+// share for keys Redis never reported on) and a failure while Redis is up
+// is answered as what it may be: a call that ran. (If the slot map moved
+// partition to another master meanwhile, that master's verdict answers.)
+func (s *Store) AwaitVerdict(ctx context.Context, partition string) (down bool) {
+	return s.breaker.awaitVerdict(ctx, s.breaker.nodeFor(ctx, s.key(partition)))
 }
 
 // key returns the Redis key of a partition: the prefix, then the partition
@@ -168,7 +169,7 @@ func (s *Store) timeout(ctx context.Context, now time.Time) time.Duration {
 
 // run calls a script with the store's deadline, breaker and metrics.
 func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys []string, args ...any) (any, error) {
-	n := s.nodeFor(ctx, keys[0])
+	n := s.breaker.nodeFor(ctx, keys[0])
 	o := n.outage.Load()
 	if n.down.Load() {
 		return nil, ErrStoreDown
@@ -217,7 +218,7 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 		s.opts.Metrics.Calls.WithLabelValues(op, "error").Inc()
 	default:
 		s.opts.Metrics.Calls.WithLabelValues(op, resultOf(err)).Inc()
-		s.suspect(n, err)
+		s.breaker.suspect(n, err)
 	}
 	tracing.RedisCall(ctx, op, start, done, err) // a child of the Check's span, when one records
 	return v, err
@@ -341,7 +342,7 @@ func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration) (n 
 // leave removes replica id from the heartbeat set at shutdown, so peers
 // stop counting it at once rather than after the ttl.
 func (s *Store) leave(ctx context.Context, id string) error {
-	if s.nodeFor(ctx, s.peersKey()).down.Load() {
+	if s.breaker.nodeFor(ctx, s.peersKey()).down.Load() {
 		return ErrStoreDown
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout*5)

@@ -1,0 +1,588 @@
+package redisstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// The breaker under a clock the test moves and a prober whose every
+// answer the test writes: no Redis, no sleeping. Timings are the shipped
+// defaults; the store's call timeout is config's default, 150ms.
+const (
+	stallAfter   = DefaultStallAfter   // 50ms
+	probeTimeout = DefaultProbeTimeout // 100ms
+	probeEvery   = DefaultProbeEvery   // 500ms
+	callTimeout  = 150 * time.Millisecond
+)
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// probeCall is one probe the breaker asked for.
+type probeCall struct {
+	addr, key string
+	timeout   time.Duration
+}
+
+// fakeProber answers each probe with reply (nil: the server answered)
+// and routes keys by masters.
+type fakeProber struct {
+	mu      sync.Mutex
+	reply   func(c probeCall) error
+	masters map[string]string // key → master address; a key not in it: no route
+	probes  []probeCall
+	lookups int
+	reloads int
+}
+
+func (p *fakeProber) probe(addr, key string, timeout time.Duration) error {
+	c := probeCall{addr, key, timeout}
+	p.mu.Lock()
+	p.probes = append(p.probes, c)
+	reply := p.reply
+	p.mu.Unlock()
+	if reply == nil {
+		return nil
+	}
+	return reply(c)
+}
+
+func (p *fakeProber) master(_ context.Context, key string) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lookups++
+	if addr, ok := p.masters[key]; ok {
+		return addr, nil
+	}
+	return "", errors.New("no slot map")
+}
+
+func (p *fakeProber) reloadSlots() {
+	p.mu.Lock()
+	p.reloads++
+	p.mu.Unlock()
+}
+
+func (p *fakeProber) set(reply func(probeCall) error) {
+	p.mu.Lock()
+	p.reply = reply
+	p.mu.Unlock()
+}
+
+func (p *fakeProber) route(key, addr string) {
+	p.mu.Lock()
+	p.masters[key] = addr
+	p.mu.Unlock()
+}
+
+func (p *fakeProber) reloaded() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reloads
+}
+
+func (p *fakeProber) looked() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lookups
+}
+
+func (p *fakeProber) calls() []probeCall {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.probes)
+}
+
+// lockedBuffer is a log sink the breaker's goroutines may write to.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *lockedBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *lockedBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+type breakerRig struct {
+	b     *breaker
+	clock *fakeClock
+	p     *fakeProber
+	m     *Metrics
+	log   *lockedBuffer
+	warms chan struct{} // one value per Warm
+}
+
+func newBreakerRig(cluster bool) *breakerRig {
+	r := &breakerRig{
+		clock: &fakeClock{t: t0},
+		p:     &fakeProber{masters: map[string]string{}},
+		m:     NewMetrics(nil),
+		log:   &lockedBuffer{},
+		warms: make(chan struct{}, 16),
+	}
+	r.b = newBreaker(r.p, breakerOptions{
+		StallAfter:   stallAfter,
+		ProbeTimeout: probeTimeout,
+		ProbeEvery:   probeEvery,
+		CallTimeout:  callTimeout,
+		Cluster:      cluster,
+		WholeKey:     "rl:_peers",
+		Warm:         func(context.Context) error { r.warms <- struct{}{}; return nil },
+		Metrics:      r.m,
+		Log:          slog.New(slog.NewTextHandler(r.log, nil)),
+		Now:          r.clock.Now,
+	})
+	return r
+}
+
+// verdict waits for n's running confirmation, if any, and reports
+// whether n is down.
+func (r *breakerRig) verdict(t *testing.T, n *node) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	down := r.b.awaitVerdict(ctx, n)
+	if ctx.Err() != nil {
+		t.Fatal("no verdict")
+	}
+	return down
+}
+
+// running returns the verdict of n's running confirmation, nil when none
+// runs: suspect starts one before it returns.
+func (r *breakerRig) running(n *node) chan struct{} {
+	n.verdictMu.Lock()
+	defer n.verdictMu.Unlock()
+	return n.verdict
+}
+
+func (r *breakerRig) confirming(n *node) bool { return r.running(n) != nil }
+
+func (r *breakerRig) calls(op, result string) int {
+	return int(testutil.ToFloat64(r.m.Calls.WithLabelValues(op, result)))
+}
+
+// state is what the metrics say of the store: up, nodes down, breakers opened.
+func (r *breakerRig) state() string {
+	return fmt.Sprintf("up %v, down %v, opened %v", testutil.ToFloat64(r.m.Up), testutil.ToFloat64(r.m.NodesDown), testutil.ToFloat64(r.m.BreakerOpened))
+}
+
+var (
+	errRefused = &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	errIO      = errors.New("i/o timeout")
+)
+
+// answerAfter is a probe that takes d, then answers with err.
+func (r *breakerRig) answerAfter(d time.Duration, err error) func(probeCall) error {
+	return func(probeCall) error { r.clock.Advance(d); return err }
+}
+
+// A failed call makes the store suspicious: one probe, on the standalone
+// server's key, with ProbeTimeout. A probe that answers keeps the breaker
+// closed; one that fails opens it, cancels the calls in flight, and
+// starts no more confirmations while it is open.
+func TestBreakerSuspicionAndConfirmation(t *testing.T) {
+	r := newBreakerRig(false)
+	n := r.b.nodeFor(context.Background(), "rl:{k}")
+	if n != r.b.whole {
+		t.Fatal("a standalone server is judged by one breaker")
+	}
+	r.b.suspect(n, errIO)
+	if r.verdict(t, n) {
+		t.Fatal("opened although the probe answered")
+	}
+	if got, want := r.p.calls(), []probeCall{{"", "rl:_peers", probeTimeout}}; !slices.Equal(got, want) {
+		t.Fatalf("probes %v, want %v", got, want)
+	}
+	if r.calls("confirm", "ok") != 1 || r.state() != "up 1, down 0, opened 0" {
+		t.Fatalf("confirm ok %d, %s", r.calls("confirm", "ok"), r.state())
+	}
+
+	inFlight := n.outage.Load()
+	r.p.set(r.answerAfter(time.Millisecond, errRefused))
+	r.b.suspect(n, errIO)
+	if !r.verdict(t, n) {
+		t.Fatal("a refused probe did not open the breaker")
+	}
+	if inFlight.ctx.Err() == nil {
+		t.Fatal("the calls in flight were not abandoned")
+	}
+	if r.calls("confirm", "error") != 1 || r.state() != "up 0, down 1, opened 1" {
+		t.Fatalf("confirm error %d, %s", r.calls("confirm", "error"), r.state())
+	}
+	if log := r.log.String(); !strings.Contains(log, `msg="redis marked down; policies follow on_redis_error" error="i/o timeout" probe="dial tcp: connection refused"`) || strings.Contains(log, "node=") {
+		t.Fatalf("log:\n%s", log)
+	}
+	r.b.suspect(n, errIO)
+	if r.verdict(t, n); len(r.p.calls()) != 2 {
+		t.Fatalf("a down server was confirmed again: %v", r.p.calls())
+	}
+}
+
+// However many calls fail while a confirmation runs, it is the only one;
+// AwaitVerdict waits for it, or for its caller's context.
+func TestBreakerConfirmsOnceAtATime(t *testing.T) {
+	r := newBreakerRig(false)
+	n := r.b.whole
+	release := make(chan struct{})
+	r.p.set(func(probeCall) error { <-release; r.clock.Advance(probeTimeout); return context.DeadlineExceeded })
+	r.b.suspect(n, errIO)
+	running := r.running(n)
+	for range 2 {
+		if r.b.suspect(n, errIO); r.running(n) != running {
+			t.Fatal("a second confirmation started while one runs")
+		}
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if r.b.awaitVerdict(gone, n) {
+		t.Fatal("down before the probe decided")
+	}
+	close(release)
+	if !r.verdict(t, n) {
+		t.Fatal("the verdict was not awaited")
+	}
+	if got := len(r.p.calls()); got != 1 {
+		t.Fatalf("%d probes for one suspicion", got)
+	}
+}
+
+// A probe that fails while a decision's call succeeds says Redis answers:
+// the breaker stays closed. A success from before the probe began proves
+// nothing.
+func TestBreakerSuccessDuringProbeKeepsItClosed(t *testing.T) {
+	r := newBreakerRig(false)
+	n := r.b.whole
+	r.p.set(func(probeCall) error {
+		n.begin(r.clock.Now().UnixNano())
+		r.clock.Advance(probeTimeout)
+		n.end(r.clock.Now().UnixNano(), true)
+		return context.DeadlineExceeded
+	})
+	r.b.suspect(n, errIO)
+	if r.verdict(t, n) || r.calls("confirm", "timeout") != 1 || r.state() != "up 1, down 0, opened 0" {
+		t.Fatalf("confirm timeout %d, %s", r.calls("confirm", "timeout"), r.state())
+	}
+
+	n.begin(r.clock.Now().UnixNano())
+	n.end(r.clock.Now().UnixNano(), true)
+	r.clock.Advance(time.Nanosecond)
+	r.p.set(r.answerAfter(probeTimeout, context.DeadlineExceeded))
+	r.b.suspect(n, errIO)
+	if !r.verdict(t, n) {
+		t.Fatal("a success before the probe kept the breaker closed")
+	}
+}
+
+// Calls pending with none finishing for StallAfter raise suspicion; a
+// call finishing restarts that clock; nothing pending is no stall, however
+// long. The cause is named when the breaker opens.
+func TestBreakerStallRaisesSuspicion(t *testing.T) {
+	ms := time.Millisecond
+	r := newBreakerRig(false)
+	n := r.b.whole
+	if r.b.watchAt(t0.Add(time.Hour)); r.confirming(n) {
+		t.Fatal("suspicion with nothing pending")
+	}
+	hold := make(chan struct{})
+	r.p.set(func(probeCall) error { <-hold; r.clock.Advance(probeTimeout); return context.DeadlineExceeded })
+	n.begin(t0.UnixNano())
+	n.begin(t0.Add(10 * ms).UnixNano()) // a second call: the stall clock runs from the first
+	for _, step := range []struct {
+		at      time.Duration
+		suspect bool
+	}{
+		{49 * ms, false},
+		{50 * ms, true},
+	} {
+		if r.b.watchAt(t0.Add(step.at)); r.confirming(n) != step.suspect {
+			t.Fatalf("at %v: suspicion %v, want %v", step.at, !step.suspect, step.suspect)
+		}
+	}
+	close(hold)
+	if !r.verdict(t, n) {
+		t.Fatal("a stalled server whose probe timed out is not down")
+	}
+	if log := r.log.String(); !strings.Contains(log, `error="redisstore: redis calls stalled" probe="context deadline exceeded"`) {
+		t.Fatalf("log:\n%s", log)
+	}
+
+	r = newBreakerRig(false)
+	n = r.b.whole
+	hold = make(chan struct{})
+	r.p.set(func(probeCall) error { <-hold; return nil })
+	n.begin(t0.UnixNano())
+	n.begin(t0.UnixNano())
+	n.end(t0.Add(30*ms).UnixNano(), false) // one finishes: progress, even failed
+	for _, at := range []time.Duration{50 * ms, 79 * ms} {
+		if r.b.watchAt(t0.Add(at)); r.confirming(n) {
+			t.Fatalf("at %v: suspicion 30ms after a call finished", at)
+		}
+	}
+	if r.b.watchAt(t0.Add(80 * ms)); !r.confirming(n) {
+		t.Fatal("no suspicion 50ms after the last call finished")
+	}
+	close(hold)
+	r.verdict(t, n)
+}
+
+// A probe's timeout that this process noticed late (more than a fifth of
+// the timeout after its deadline) is inconclusive: it is asked again with
+// 7/10 of the timeout, never less than half ProbeTimeout. Only a timeout
+// is excused, and not while the store closes.
+func TestBreakerTimeoutNoticedLate(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		name string
+		// took is how long each probe took, and err what it returned;
+		// the last is repeated.
+		took         []time.Duration
+		errs         []error
+		closing      bool
+		down         bool
+		timeouts     []time.Duration
+		inconclusive int
+	}{
+		{
+			name:     "on time: down",
+			took:     []time.Duration{probeTimeout},
+			errs:     []error{context.DeadlineExceeded},
+			down:     true,
+			timeouts: []time.Duration{probeTimeout},
+		},
+		{
+			name:     "a fifth late is on time",
+			took:     []time.Duration{probeTimeout + probeTimeout/5},
+			errs:     []error{context.DeadlineExceeded},
+			down:     true,
+			timeouts: []time.Duration{probeTimeout},
+		},
+		{
+			name:         "late twice, then answered",
+			took:         []time.Duration{probeTimeout + 21*ms, 70*ms + 15*ms, ms},
+			errs:         []error{context.DeadlineExceeded, context.DeadlineExceeded, nil},
+			timeouts:     []time.Duration{100 * ms, 70 * ms, 50 * ms},
+			inconclusive: 2,
+		},
+		{
+			name:         "late, then timed out on time",
+			took:         []time.Duration{probeTimeout + 21*ms, 70 * ms},
+			errs:         []error{context.DeadlineExceeded, context.DeadlineExceeded},
+			down:         true,
+			timeouts:     []time.Duration{100 * ms, 70 * ms},
+			inconclusive: 1,
+		},
+		{
+			name:     "a refusal noticed late still counts",
+			took:     []time.Duration{2 * probeTimeout},
+			errs:     []error{errRefused},
+			down:     true,
+			timeouts: []time.Duration{probeTimeout},
+		},
+		{
+			name:     "closing: not asked again, not marked down",
+			took:     []time.Duration{2 * probeTimeout},
+			errs:     []error{context.DeadlineExceeded},
+			closing:  true,
+			timeouts: []time.Duration{probeTimeout},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newBreakerRig(false)
+			i := 0
+			r.p.set(func(probeCall) error {
+				j := min(i, len(c.took)-1)
+				i++
+				r.clock.Advance(c.took[j])
+				return c.errs[j]
+			})
+			if c.closing {
+				r.b.close()
+			}
+			r.b.suspect(r.b.whole, errIO)
+			if down := r.verdict(t, r.b.whole); down != c.down {
+				t.Errorf("down %v, want %v", down, c.down)
+			}
+			var timeouts []time.Duration
+			for _, p := range r.p.calls() {
+				timeouts = append(timeouts, p.timeout)
+			}
+			if !slices.Equal(timeouts, c.timeouts) {
+				t.Errorf("probe timeouts %v, want %v", timeouts, c.timeouts)
+			}
+			if got := r.calls("confirm", "inconclusive"); got != c.inconclusive {
+				t.Errorf("%d inconclusive, want %d", got, c.inconclusive)
+			}
+		})
+	}
+}
+
+// While open, a probe every ProbeEvery (with the call timeout, at least
+// ProbeTimeout) asks whether Redis is back; the first that answers loads
+// the scripts and closes the breaker, with a fresh outage for the calls
+// to come.
+func TestBreakerProbesWhileOpen(t *testing.T) {
+	r := newBreakerRig(false)
+	n := r.b.whole
+	r.p.set(r.answerAfter(time.Millisecond, errRefused))
+	r.b.suspect(n, errIO)
+	if !r.verdict(t, n) {
+		t.Fatal("not down")
+	}
+	opened := r.clock.Now()
+	n.begin(opened.UnixNano()) // abandoned calls are no stall while down
+	ms := time.Millisecond
+	for _, step := range []struct {
+		at     time.Duration
+		probes int
+	}{
+		{0, 2},
+		{499 * ms, 2},
+		{500 * ms, 3},
+		{999 * ms, 3},
+	} {
+		r.b.watchAt(opened.Add(step.at))
+		if got := len(r.p.calls()); got != step.probes {
+			t.Fatalf("at %v: %d probes, want %d", step.at, got, step.probes)
+		}
+	}
+	if last := r.p.calls()[2]; last.timeout != callTimeout || !n.down.Load() || r.calls("probe", "error") != 2 || len(r.warms) != 0 {
+		t.Fatalf("probe %+v, down %v, probe errors %d, warms %d", last, n.down.Load(), r.calls("probe", "error"), len(r.warms))
+	}
+
+	r.p.set(nil)
+	r.b.watchAt(opened.Add(time.Second))
+	if n.down.Load() || r.calls("probe", "ok") != 1 || len(r.warms) != 1 || r.state() != "up 1, down 0, opened 1" {
+		t.Fatalf("down %v, probe ok %d, warms %d, %s", n.down.Load(), r.calls("probe", "ok"), len(r.warms), r.state())
+	}
+	if n.outage.Load().ctx.Err() != nil {
+		t.Fatal("the calls after the outage start abandoned")
+	}
+	if !strings.Contains(r.log.String(), `msg="redis is back; policies return to their mode"`) {
+		t.Fatalf("log:\n%s", r.log.String())
+	}
+}
+
+// A Cluster's masters are judged one by one: a key's calls count for the
+// master serving it, a master's probe asks that master for a key it
+// served, and one master down leaves the others up. A master that answers
+// a probe with an error about the key, or a redirection (then the slot map
+// is reloaded), is up. A down master whose key the slot map sends
+// elsewhere is forgotten; its keys go to the new master, up. Before any
+// slot map, or while the cluster as a whole is down, every key has the
+// whole cluster's breaker.
+func TestBreakerJudgesEachMasterAlone(t *testing.T) {
+	const a, b, c = "10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"
+	r := newBreakerRig(true)
+	ctx := context.Background()
+	if r.b.nodeFor(ctx, "rl:{x}") != r.b.whole {
+		t.Fatal("a key with no route is not judged by the whole cluster's breaker")
+	}
+	r.p.route("rl:{x}", a)
+	r.p.route("rl:{y}", b)
+	na, nb := r.b.nodeFor(ctx, "rl:{x}"), r.b.nodeFor(ctx, "rl:{y}")
+	if na == nb || na.addr != a || nb.addr != b || r.b.nodeFor(ctx, "rl:{x}") != na {
+		t.Fatalf("nodes %q %q", na.addr, nb.addr)
+	}
+	select {
+	case <-r.warms: // the second master may be new: its scripts are loaded
+	case <-time.After(10 * time.Second):
+		t.Fatal("a master that appeared got no scripts")
+	}
+
+	r.p.set(func(p probeCall) error {
+		switch p.addr {
+		case a:
+			return errRefused
+		case b:
+			return redisError("WRONGTYPE Operation against a key holding the wrong kind of value")
+		}
+		return nil
+	})
+	r.b.suspect(na, errIO)
+	r.b.suspect(nb, errIO)
+	if !r.verdict(t, na) || r.verdict(t, nb) || r.state() != "up 0, down 1, opened 1" {
+		t.Fatalf("a down %v, b down %v, %s", na.down.Load(), nb.down.Load(), r.state())
+	}
+	probes := r.p.calls()
+	slices.SortFunc(probes, func(x, y probeCall) int { return strings.Compare(x.addr, y.addr) })
+	if want := []probeCall{{a, "rl:{x}", probeTimeout}, {b, "rl:{y}", probeTimeout}}; !slices.Equal(probes, want) {
+		t.Fatalf("probes %v, want %v", probes, want)
+	}
+	if !strings.Contains(r.log.String(), "node="+a) {
+		t.Fatalf("log does not name the master:\n%s", r.log.String())
+	}
+
+	r.p.set(func(probeCall) error { return redisError("MOVED 3999 " + c) })
+	r.b.suspect(nb, errIO)
+	if r.verdict(t, nb) || r.p.reloaded() != 1 {
+		t.Fatalf("a redirected probe: down %v, %d slot map reloads", nb.down.Load(), r.p.reloaded())
+	}
+
+	// a's slots move to c: the next probe round forgets a, without
+	// probing it, and x's calls go to c.
+	r.p.set(func(probeCall) error { return errRefused })
+	before := len(r.p.calls())
+	r.p.route("rl:{x}", c)
+	r.b.watchAt(t0.Add(time.Hour))
+	if r.p.reloaded() != 2 || len(r.p.calls()) != before || r.state() != "up 1, down 0, opened 1" {
+		t.Fatalf("reloads %d, probes %v, %s", r.p.reloaded(), r.p.calls()[before:], r.state())
+	}
+	if nc := r.b.nodeFor(ctx, "rl:{x}"); nc.addr != c || nc.down.Load() {
+		t.Fatalf("x is judged by %q (down %v)", nc.addr, nc.down.Load())
+	}
+	if !strings.Contains(r.log.String(), `msg="redis cluster master replaced; its keys return to their mode" node=`+a+" now="+c) {
+		t.Fatalf("log:\n%s", r.log.String())
+	}
+
+	// The whole cluster down: keys are not routed, every key has its
+	// breaker.
+	r.b.suspect(r.b.whole, errIO)
+	if !r.verdict(t, r.b.whole) {
+		t.Fatal("the whole cluster is not down")
+	}
+	lookups := r.p.looked()
+	if r.b.nodeFor(ctx, "rl:{y}") != r.b.whole || r.p.looked() != lookups {
+		t.Fatal("a key was routed while the whole cluster is down")
+	}
+}
+
+// redisError is an error reply, as go-redis gives one.
+type redisError string
+
+func (e redisError) Error() string { return string(e) }
+func (redisError) RedisError()     {}
