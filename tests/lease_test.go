@@ -9,6 +9,7 @@ import (
 	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
@@ -166,4 +167,68 @@ func hasLease(fields map[string]string) bool {
 		}
 	}
 	return false
+}
+
+// A busy key under a window algorithm leases too, through Check and
+// through the rate limit service (a descriptor of an envoyproxy/ratelimit
+// file is a fixed window): far from its limit each replica's first lease
+// is its share of the window (1,000,000 × 30s/1m ÷ 3), capped at a
+// quarter of the limit over three replicas (83,333), which covers the
+// whole run. A lease dies with its window, so a run that crosses a
+// minute leases once more per replica: at most 2 calls per replica, 6 in
+// 6,000 decisions (1 per 1,000; the target is 10).
+func TestHybridBusyWindowKeyLeases(t *testing.T) {
+	srv := testredis.Start(t)
+	section, _ := domainDir(t, map[string]string{"busy.yaml": `
+domain: busy
+descriptors:
+  - {key: user, rate_limit: {unit: minute, requests_per_unit: 1000000}}
+  - {key: sliding, rate_limit: {unit: minute, requests_per_unit: 1000000, algorithm: sliding_window}}
+`})
+	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", section+`
+policies:
+  - {name: fixed, match: {path_prefix: /fixed}, key: ["header:x-user"], limit: 1000000, window: 1m, algorithm: fixed_window}
+  - {name: sliding, match: {path_prefix: /sliding}, key: ["header:x-user"], limit: 1000000, window: 1m, algorithm: sliding_window}
+`))
+	const decisions = 6000
+	leaseCalls := func() (n float64) {
+		for _, r := range replicas {
+			n += r.metric("extauthz_redis_calls_total", "op", "lease")
+		}
+		return n
+	}
+	check := func(path string) func(int) {
+		req := envoyRequest{path: path, headers: [][2]string{{"x-user", "busy"}}}.build()
+		return func(int) {
+			if counts := tally(t, drive(t, replicas, decisions, 32, func(int) *authv3.CheckRequest { return req })); counts[200] != decisions {
+				t.Fatalf("%s: statuses %v, far from the limit", path, counts)
+			}
+		}
+	}
+	rls := func(key string) func(int) {
+		req := rateLimitRequest("busy", envoyRequest{headers: [][2]string{{"x-user", "busy"}}}, actions(requestHeader("x-user", key)))
+		return func(int) {
+			if counts := tallyRLS(t, driveRLS(t, replicas, decisions, 32, func(int) *rlsv3.RateLimitRequest { return req })); counts[200] != decisions {
+				t.Fatalf("rls %s: statuses %v, far from the limit", key, counts)
+			}
+		}
+	}
+	for _, c := range []struct {
+		name string
+		run  func(int)
+	}{
+		{"check fixed_window", check("/fixed")},
+		{"check sliding_window", check("/sliding")},
+		{"rls fixed_window", rls("user")},
+		{"rls sliding_window", rls("sliding")},
+	} {
+		before := leaseCalls()
+		c.run(0)
+		calls := leaseCalls() - before
+		t.Logf("%s: %d decisions, %.0f lease calls (%.1f per 1,000)", c.name, decisions, calls, 1000*calls/decisions)
+		if limit := float64(2 * len(replicas)); calls > limit {
+			t.Errorf("%s: %.0f lease calls in %d decisions; a lease per replica per window makes at most %.0f", c.name, calls, decisions, limit)
+		}
+	}
+	assertNoFallback(t, replicas)
 }
