@@ -217,34 +217,33 @@ func TestHybridDenialIsCached(t *testing.T) {
 	}
 }
 
-// A busy key far from its limit: a slice covers a Horizon (1s) of the
-// key's traffic as its smoothed rate predicts it, so 10,000 decisions at
-// 5,000 a second (2s) make at most two leases a second (the smoothed rate
-// is at least half the rate of the last slice while the rate at most
-// doubles from one slice to the next) and one more while the rate is
-// learnt: 5 calls, half a call per 1,000 decisions.
+// A busy key far from its limit: its first slice is a quarter of the
+// bucket over the replicas (833,333 of 10,000,000 over three), which
+// outlasts a lease's life at 5,000 decisions a second, so the replica
+// leases once per lease life (its 30s, less the 1% it stops early: 29.7s)
+// and never in between. 300,000 decisions at 5,000 a second (60s) after
+// the first lease make floor(60s / 29.7s) = 2 calls: 0.007 per 1,000.
 func TestHybridCallsPerThousand(t *testing.T) {
 	srv := testredis.Start(t)
 	clk := newClock()
 	r := newReplicas(t, srv.Client(), clk, 3, 1000, time.Hour)[0]
 	ctx := context.Background()
 	l := quota.Limit{Limit: 10_000_000, Window: time.Minute}
-	// Warm up, then measure 10,000 decisions at 5,000 per second.
-	for i := 0; i < 1000; i++ {
-		clk.Advance(200 * time.Microsecond)
-		r.h.Take(ctx, "busy", l, 1, clk.Now())
-	}
+	r.h.Take(ctx, "busy", l, 1, clk.Now()) // the first lease
 	before := leaseCalls(r.m)
-	for i := 0; i < 10_000; i++ {
-		clk.Advance(200 * time.Microsecond)
+	const n, every = 300_000, 200 * time.Microsecond
+	for i := 0; i < n; i++ {
+		clk.Advance(every)
 		if d, _ := r.h.Take(ctx, "busy", l, 1, clk.Now()); !d.Allowed {
 			t.Fatal("denied far from the limit")
 		}
 	}
-	perThousand := (leaseCalls(r.m) - before) / 10
-	t.Logf("%.2f Redis calls per 1,000 decisions", perThousand)
-	if perThousand > 0.5 {
-		t.Fatalf("%.2f Redis calls per 1,000 decisions; slices of a second at 5,000 a second make at most 0.5", perThousand)
+	calls := leaseCalls(r.m) - before
+	life := redisstore.DefaultLeaseTTL - redisstore.DefaultLeaseTTL/100
+	want := float64(n * every / life)
+	t.Logf("%.0f lease calls in %d decisions over %v: %.4f per 1,000", calls, n, n*every, calls/(n/1000))
+	if calls > want {
+		t.Fatalf("%.0f lease calls in %v at 5,000 decisions a second; a lease per lease life (%v) makes %.0f", calls, n*every, life, want)
 	}
 }
 
