@@ -288,7 +288,9 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		if e.evicted {
 			// The key left the cache while we were away: its entry is
 			// gone, so hand the lease back and carry on with a new one.
-			h.enqueue(giveback{key: key, algorithm: l.Algorithm, window: l.Window, lease: held{id: ls.id, granted: ls.granted, unspent: ls.granted}, reason: "evicted"})
+			// Redis counts all but the n this request was to spend as
+			// out; all of it goes back, as nothing was spent.
+			h.enqueue(giveback{key: key, algorithm: l.Algorithm, window: l.Window, lease: held{id: ls.id, granted: ls.granted - n, unspent: ls.granted}, reason: "evicted"})
 			e = stateLocked(sh, key)
 			continue
 		}
