@@ -174,9 +174,12 @@ func hasLease(fields map[string]string) bool {
 // file is a fixed window): far from its limit each replica's first lease
 // is its share of the window (1,000,000 × 30s/1m ÷ 3), capped at a
 // quarter of the limit over three replicas (83,333), which covers the
-// whole run. A lease dies with its window, so a run that crosses a
-// minute leases once more per replica: at most 2 calls per replica, 6 in
-// 6,000 decisions (1 per 1,000; the target is 10).
+// whole run. A lease dies with its window, and a replica ends it a
+// little early (1% of its life, and by however late its request's clock
+// was read), so a run that crosses a minute leases at most twice more per
+// replica (the window's last instants, then the next window): at most 3
+// calls per replica, 9 in 6,000 decisions (1.5 per 1,000; the target is
+// 10).
 func TestHybridBusyWindowKeyLeases(t *testing.T) {
 	srv := testredis.Start(t)
 	section, _ := domainDir(t, map[string]string{"busy.yaml": `
@@ -226,8 +229,8 @@ policies:
 		c.run(0)
 		calls := leaseCalls() - before
 		t.Logf("%s: %d decisions, %.0f lease calls (%.1f per 1,000)", c.name, decisions, calls, 1000*calls/decisions)
-		if limit := float64(2 * len(replicas)); calls > limit {
-			t.Errorf("%s: %.0f lease calls in %d decisions; a lease per replica per window makes at most %.0f", c.name, calls, decisions, limit)
+		if limit := float64(3 * len(replicas)); calls > limit {
+			t.Errorf("%s: %.0f lease calls in %d decisions; a lease per replica, and two more where the run crosses a window's end, make at most %.0f", c.name, calls, decisions, limit)
 		}
 	}
 	assertNoFallback(t, replicas)
