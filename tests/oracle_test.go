@@ -196,6 +196,9 @@ func runOracle(t *testing.T, replicas []*sidecar, pick func(n int64, since time.
 	share := 100 * float64(wronglyLimited) / float64(lower)
 	t.Logf("%d requests to %d keys in %v: admitted %d; an exact bucket per key admits %d to %d; wrongly allowed %d, wrongly limited %d (%.2f%%)",
 		len(arrivals), oracleKeys, elapsed.Round(time.Millisecond), admitted, lower, upper, wronglyAllowed, wronglyLimited, share)
+	// Exactness is claimed for decisions Redis made: a degraded one
+	// (fallback) fails the run as such, before it is counted as wrong.
+	assertNotDegraded(t, replicas)
 	if min(len(perKey[0]), len(perKey[oracleKeys-1])) < 3*oracleBurst {
 		t.Fatalf("too few requests per key (%d) to keep every key over its limit", len(perKey[0]))
 	}

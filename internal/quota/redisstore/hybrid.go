@@ -215,7 +215,11 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 			sh.Unlock()
 			return d, nil
 		}
-		if e.deniedUntil > ns {
+		// A cached denial is checked against the clock again: a request
+		// whose now was read before its process stalled (a CPU-throttled
+		// container) must not be denied for a token that has come due
+		// meanwhile; Redis decides that, as it would in redis mode.
+		if e.deniedUntil > ns && e.deniedUntil > h.opts.Now().UnixNano() {
 			d := quota.Decision{Limit: l.Limit, RetryAfter: time.Duration(e.deniedUntil - ns), ResetAfter: time.Duration(max(e.fullAt-ns, 0))}
 			sh.Unlock()
 			return d, nil
