@@ -207,6 +207,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 	e := stateLocked(sh, key)
 	e.count += n
 	e.lastUsed = ns
+	asked := false // this request has had Redis's answer
 	for {
 		h.endLeaseLocked(key, e, l, now)
 		if e.tokens >= need {
@@ -218,8 +219,9 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		// A cached denial is checked against the clock again: a request
 		// whose now was read before its process stalled (a CPU-throttled
 		// container) must not be denied for a token that has come due
-		// meanwhile; Redis decides that, as it would in redis mode.
-		if e.deniedUntil > ns && e.deniedUntil > h.opts.Now().UnixNano() {
+		// meanwhile; Redis decides that, as it would in redis mode. A
+		// request that just had Redis's denial takes it.
+		if e.deniedUntil > ns && (asked || e.deniedUntil > h.opts.Now().UnixNano()) {
 			d := quota.Decision{Limit: l.Limit, RetryAfter: time.Duration(e.deniedUntil - ns), ResetAfter: time.Duration(max(e.fullAt-ns, 0))}
 			sh.Unlock()
 			return d, nil
@@ -277,6 +279,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		e.flight = nil
 		f.err = err
 		close(f.done)
+		asked = true
 		if err != nil {
 			e.debt += debt
 			sh.Unlock()
