@@ -98,6 +98,9 @@ func (p *prerendered) allow(v *engine.Verdict, cfg *config.Config) *authv3.Check
 			ok.HeadersToRemove = o.rmBuf[:0]
 		}
 		ok.HeadersToRemove = append(ok.HeadersToRemove, v.CredHeader)
+		if v.AlsoCredHeader != "" {
+			ok.HeadersToRemove = append(ok.HeadersToRemove, v.AlsoCredHeader)
+		}
 	}
 	o.http.OkResponse = ok
 	o.resp.Status = statusOK
