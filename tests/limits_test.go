@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bytes"
+	"context"
 	byteorder "encoding/binary"
 	"fmt"
 	"net"
@@ -10,9 +11,14 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/extauthz/extauthz/internal/check"
 )
@@ -324,4 +330,58 @@ func TestGRPCHeaderListCap(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// rawCodec sends a request's bytes as they are, so a test can send what
+// no protobuf library marshals, and decodes replies as protobuf.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return v.([]byte), nil }
+
+func (rawCodec) Unmarshal(data []byte, v any) error { return proto.Unmarshal(data, v.(proto.Message)) }
+
+// A CheckRequest that does not decode is decided: a 400 with a problem
+// body, counted in extauthz_checks_total, never gRPC's Internal error,
+// which Envoy's failure_mode_allow would turn into an allow. Two inputs
+// reach it: a header value that is not valid UTF-8 (proto3 forbids it;
+// older Envoys passed the client's bytes through), and metadata nested
+// deeper than protobuf's recursion limit (10,000).
+func TestUndecodableCheckRequestIsDecided(t *testing.T) {
+	s := startSidecar(t, ordersFor("limit: 100, window: 1m"))
+	req := envoyRequest{headers: [][2]string{{"x-api-key", "key-ada"}, {"x-note", "PLACEHOLDER"}}}.build()
+	valid, err := proto.Marshal(req)
+	must(t, err)
+	invalidUTF8 := bytes.Replace(valid, []byte("PLACEHOLDER"), []byte("\xff\xfeACEHOLDER"), 1)
+	deep := &structpb.Struct{}
+	for range 6000 { // 12,000 levels: a Struct and a Value each
+		deep = &structpb.Struct{Fields: map[string]*structpb.Value{"a": structpb.NewStructValue(deep)}}
+	}
+	req.Attributes.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"deep": deep}}
+	tooDeep, err := proto.Marshal(req)
+	must(t, err)
+	before := s.metric("extauthz_checks_total", "outcome", "error")
+	for name, msg := range map[string][]byte{"invalid UTF-8": invalidUTF8, "nested 12,000 deep": tooDeep} {
+		var resp authv3.CheckResponse
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := s.conn.Invoke(ctx, "/envoy.service.auth.v3.Authorization/Check", msg, &resp, grpc.ForceCodec(rawCodec{}))
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: gRPC error %v, want a decision", name, err)
+		}
+		if got := httpStatus(&resp); got != 400 || codes.Code(resp.GetStatus().GetCode()) != codes.InvalidArgument {
+			t.Fatalf("%s: %d %v, want 400 INVALID_ARGUMENT", name, got, resp.GetStatus())
+		}
+		if p := problemBody(t, &resp); p["status"] != 400.0 || !strings.Contains(fmt.Sprint(p["detail"]), "could not be decoded") {
+			t.Fatalf("%s: problem %v", name, p)
+		}
+	}
+	if got := s.metric("extauthz_checks_total", "outcome", "error") - before; got != 2 {
+		t.Fatalf("extauthz_checks_total{outcome=error} rose by %v, want 2", got)
+	}
+	// The same connection decides a valid request as before.
+	if r := s.check(envoyRequest{headers: [][2]string{{"x-api-key", "key-ada"}}}.build()); httpStatus(r) != 200 {
+		t.Fatalf("valid request after the undecodable ones: %d", httpStatus(r))
+	}
 }
