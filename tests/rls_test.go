@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -435,5 +436,53 @@ func TestRLSCommandLine(t *testing.T) {
 	want := filepath.Join(dir, "bad.yaml") + ": descriptors[0].rate_limit.requests_per_unit: is required (0 puts every request over the limit)"
 	if code != 1 || !strings.Contains(out, want) {
 		t.Fatalf("validate: exit %d\n%s\nwant %s", code, out, want)
+	}
+}
+
+// The metric names made from request values (detailed_metric) are bounded
+// per process, not per configuration: every name is a set of series kept
+// for the life of the process, so a reload must not open a fresh budget.
+// 1,500 values, a SIGHUP on the unchanged files, 1,500 more: still 1,000
+// names of their own (the rate limit's own name takes the rest), where
+// each reload used to allow 1,000 more.
+func TestRLSDetailedMetricNamesBoundedAcrossReloads(t *testing.T) {
+	section, _ := domainDir(t, map[string]string{"detailed.yaml": `
+domain: detailed
+descriptors:
+  - key: device
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`})
+	s := startFastSidecar(t, section)
+	names := func() int {
+		seen := map[string]bool{}
+		for _, m := range s.metrics()["extauthz_decisions_total"].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "policy" && strings.HasPrefix(l.GetValue(), "detailed.device_") {
+					seen[l.GetValue()] = true
+				}
+			}
+		}
+		return len(seen)
+	}
+	device := func(v string) *rlsv3.RateLimitRequest {
+		return rateLimitRequest("detailed", envoyRequest{headers: [][2]string{{"x-device", v}}}, actions(requestHeader("x-device", "device")))
+	}
+	next := 0
+	for reload := 0; reload < 3; reload++ {
+		if reload > 0 {
+			must(t, s.cmd.Process.Signal(syscall.SIGHUP))
+			waitMetric(t, s, 10*time.Second, float64(reload), "extauthz_config_reloads_total", "result", "success")
+		}
+		for range 1500 {
+			s.shouldRateLimit(device("d" + strconv.Itoa(next)))
+			next++
+		}
+		if got := names(); got != 1000 {
+			t.Fatalf("after %d values and %d reloads: %d names of their own, want 1000", next, reload, got)
+		}
+	}
+	if got := s.metric("extauthz_decisions_total", "policy", "detailed.device"); got != 3*1500-1000 {
+		t.Fatalf("decisions under the rate limit's own name: %v, want %d", got, 3*1500-1000)
 	}
 }
