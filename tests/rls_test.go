@@ -486,3 +486,50 @@ descriptors:
 		t.Fatalf("decisions under the rate limit's own name: %v, want %d", got, 3*1500-1000)
 	}
 }
+
+// A *.yaml entry of a domains directory that cannot be followed (a
+// dangling symlink, a symlink loop) fails the reload and keeps the running
+// domains, as naming that file directly does: it used to be left out, and
+// the reload "succeeded" with its domain gone and unlimited.
+func TestRLSUnreadableDomainEntryKeepsTheRunningConfig(t *testing.T) {
+	const limit = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"
+	section, dir := domainDir(t, map[string]string{"edge.yaml": limit})
+	s := startSidecar(t, section)
+	edge := func(ip string) *rlsv3.RateLimitRequest {
+		return rateLimitRequest("edge", envoyRequest{sourceIP: ip}, actions(remoteAddress()))
+	}
+	if got := s.rlsAdmitted(2, edge("192.0.2.1")); got != 2 {
+		t.Fatalf("before: %d of 2 admitted", got)
+	}
+	swap := func(target string) {
+		tmp := filepath.Join(dir, ".edge.tmp")
+		must(t, os.Symlink(target, tmp))
+		must(t, os.Rename(tmp, filepath.Join(dir, "edge.yaml")))
+	}
+	failures := 0
+	for _, tc := range []struct {
+		name  string
+		setup func()
+	}{
+		{"a dangling symlink", func() { swap(filepath.Join(dir, "missing.yaml")) }},
+		{"a symlink loop", func() {
+			must(t, os.Symlink(filepath.Join(dir, "edge.yaml"), filepath.Join(dir, "loop.yaml")))
+			swap(filepath.Join(dir, "loop.yaml"))
+		}},
+	} {
+		tc.setup()
+		must(t, s.cmd.Process.Signal(syscall.SIGHUP))
+		failures++
+		waitMetric(t, s, 10*time.Second, float64(failures), "extauthz_config_reloads_total", "result", "failure")
+		if n := s.metric("extauthz_config_reloads_total", "result", "success"); n != 0 {
+			t.Fatalf("%s: %v successful reloads, want none", tc.name, n)
+		}
+		if !strings.Contains(s.logs.String(), filepath.Join(dir, "edge.yaml")+`\" cannot be read`) {
+			t.Fatalf("%s: the log does not name edge.yaml:\n%s", tc.name, tail(s.logs.String(), 5))
+		}
+	}
+	// The running limit still holds: one of its 3 is left.
+	if got := s.rlsAdmitted(3, edge("192.0.2.1")); got != 1 {
+		t.Fatalf("after the failed reloads: %d of 3 admitted, want 1 (edge's limit still running)", got)
+	}
+}
