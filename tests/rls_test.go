@@ -533,3 +533,38 @@ func TestRLSUnreadableDomainEntryKeepsTheRunningConfig(t *testing.T) {
 		t.Fatalf("after the failed reloads: %d of 3 admitted, want 1 (edge's limit still running)", got)
 	}
 }
+
+// A descriptor whose hits_addend no limit can ever grant is told so: its
+// Retry-After is the window (nothing shorter is true) and the problem
+// detail says it is never admitted, as a Check's does, where it was the
+// token bucket's refill time for the whole amount (2,576,980,317 s for
+// 2^32−1 hits on 100 a minute) or, near 2^64, 1 s. The limit keeps its
+// units for requests that fit.
+func TestRLSHitsThatNeverFit(t *testing.T) {
+	section, _ := domainDir(t, map[string]string{"bulk.yaml": `
+domain: bulk
+descriptors:
+  - key: bulk
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: token_bucket}
+`})
+	s := startSidecar(t, section)
+	for _, n := range []uint64{101, 1<<32 - 1, math.MaxUint64} {
+		resp := s.shouldRateLimit(rateLimitRequest("bulk", envoyRequest{},
+			routeRateLimit{actions: []rlAction{genericKey("bulk", "import")}, hitsAddend: &n}))
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("hits_addend %d: %v, want OVER_LIMIT", n, resp.GetOverallCode())
+		}
+		if got := headerOf(resp, "retry-after"); got != "60" {
+			t.Errorf("hits_addend %d: retry-after %q, want 60 (the window)", n, got)
+		}
+		if got := resp.GetStatuses()[0].GetDurationUntilReset().AsDuration(); got != time.Minute {
+			t.Errorf("hits_addend %d: duration_until_reset %v, want 1m", n, got)
+		}
+		if body := string(resp.GetRawBody()); !strings.Contains(body, "never admitted") || !strings.Contains(body, "admits at most 100 at once") {
+			t.Errorf("hits_addend %d: body %s; want it to say the request is never admitted", n, body)
+		}
+	}
+	if got := s.rlsAdmitted(100, rateLimitRequest("bulk", envoyRequest{}, actions(genericKey("bulk", "import")))); got != 100 {
+		t.Fatalf("after the requests that never fit: %d of 100 admitted", got)
+	}
+}

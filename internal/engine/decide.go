@@ -80,9 +80,20 @@ func (v *Verdict) Takes() []Taken {
 }
 
 // VerdictOf is a Verdict over takes a door decided itself (with TakeAll),
-// for the Verdict's renderings (Tightest, Denials).
+// for the Verdict's renderings (Tightest, Denials, Deny). A denial by a
+// limit the request's cost can never fit says so in its Detail, as a
+// Check's does.
 func VerdictOf(o Outcome, takes []Taken) Verdict {
-	return Verdict{Outcome: o, more: takes[:len(takes):len(takes)]}
+	v := Verdict{Outcome: o, more: takes[:len(takes):len(takes)]}
+	if o == OverLimit {
+		for i := range takes {
+			if t := &takes[i]; !t.OK && !t.Policy.Shadow && t.Units > t.Limit.MaxCost() {
+				v.Detail = costDetail(t)
+				break
+			}
+		}
+	}
+	return v
 }
 
 // add appends a policy's decision.
