@@ -1,8 +1,14 @@
 package tests
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"io"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -107,5 +113,98 @@ func TestSIGTERMDrainsTheHTTPDoor(t *testing.T) {
 	}
 	if log := s.logs.String(); !strings.Contains(log, `"msg":"stopped"`) {
 		t.Fatalf("no clean stop in the log:\n%s", tail(log, 10))
+	}
+}
+
+// An auth request that announces a body and never sends it is answered at
+// once and its connection closed: the door reads no body, and net/http
+// would otherwise wait for the rest of it before writing the answer,
+// pinning the connection (and a goroutine) for as long as the client
+// likes. Two hundred such connections are each answered and closed.
+func TestHTTPDoorAnswersWithoutWaitingForTheBody(t *testing.T) {
+	s := startSidecar(t, listenHTTP+ordersFor("limit: 100000, window: 1h"))
+	const conns = 200
+	start := time.Now()
+	for i := range conns {
+		conn, err := net.Dial("tcp", s.HTTP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		must(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
+		_, err = io.WriteString(conn, "POST /envoy/orders HTTP/1.1\r\nHost: api.example.com\r\nX-Api-Key: key-ada\r\nContent-Length: 100000\r\n\r\n")
+		must(t, err)
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("connection %d: no answer without the body: %v", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !resp.Close {
+			t.Fatalf("connection %d: %d, Connection %q; want 200 and close", i, resp.StatusCode, resp.Header.Get("Connection"))
+		}
+		if _, err := br.ReadByte(); err != io.EOF {
+			t.Fatalf("connection %d: after the answer, %v; want the server to close it", i, err)
+		}
+	}
+	t.Logf("%d requests announcing 100,000 bytes of body, none sent: answered and closed in %s", conns, time.Since(start).Round(time.Millisecond))
+}
+
+// The admin listener closes a keep-alive connection left idle, rather than
+// holding its descriptor and goroutine for good.
+func TestAdminClosesIdleConnections(t *testing.T) {
+	s := startSidecar(t, ordersFor("limit: 100, window: 1m"))
+	conn, err := net.Dial("tcp", s.Admin)
+	must(t, err)
+	defer conn.Close()
+	const idle = 15 * time.Second // adminIdleTimeout in cmd/extauthz/serve.go
+	must(t, conn.SetDeadline(time.Now().Add(idle+20*time.Second)))
+	_, err = io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: admin\r\n\r\n")
+	must(t, err)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	must(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	answered := time.Now()
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("idle admin connection: %v after %s; want it closed by the server", err, time.Since(answered).Round(time.Millisecond))
+	}
+	if waited := time.Since(answered); waited < idle-time.Second {
+		t.Fatalf("idle admin connection closed after %s, before the idle timeout %s", waited, idle)
+	}
+}
+
+// With its descriptors exhausted, the process's accept errors are logged as
+// structured records like every other line, not as net/http's plain text.
+func TestAcceptErrorsAreStructured(t *testing.T) {
+	dir := t.TempDir()
+	wrapper := filepath.Join(dir, "extauthz-nofile")
+	must(t, os.WriteFile(wrapper, []byte("#!/bin/sh\nulimit -n 48 || exit 1\nexec "+fastBinary+" \"$@\"\n"), 0o755))
+	s := startProcess(t, wrapper, writeConfig(t, ordersFor("limit: 100, window: 1m")), nil)
+	// Connections held open until the process runs out of descriptors;
+	// each is answered once, so the test knows it was accepted.
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 64 && !strings.Contains(s.logs.String(), "Accept error"); i++ {
+		c, err := net.Dial("tcp", s.Admin)
+		must(t, err)
+		held = append(held, c)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(s.logs.String(), "Accept error"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no accept error logged with %d connections held under a 48-descriptor limit:\n%s", len(held), tail(s.logs.String(), 10))
+		}
+		time.Sleep(20 * time.Millisecond) // polling the log
+	}
+	for _, line := range strings.Split(strings.TrimSpace(s.logs.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("a log line that is not a JSON record: %q", line)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -435,5 +436,135 @@ func TestRLSCommandLine(t *testing.T) {
 	want := filepath.Join(dir, "bad.yaml") + ": descriptors[0].rate_limit.requests_per_unit: is required (0 puts every request over the limit)"
 	if code != 1 || !strings.Contains(out, want) {
 		t.Fatalf("validate: exit %d\n%s\nwant %s", code, out, want)
+	}
+}
+
+// The metric names made from request values (detailed_metric) are bounded
+// per process, not per configuration: every name is a set of series kept
+// for the life of the process, so a reload must not open a fresh budget.
+// 1,500 values, a SIGHUP on the unchanged files, 1,500 more: still 1,000
+// names of their own (the rate limit's own name takes the rest), where
+// each reload used to allow 1,000 more.
+func TestRLSDetailedMetricNamesBoundedAcrossReloads(t *testing.T) {
+	section, _ := domainDir(t, map[string]string{"detailed.yaml": `
+domain: detailed
+descriptors:
+  - key: device
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`})
+	s := startFastSidecar(t, section)
+	names := func() int {
+		seen := map[string]bool{}
+		for _, m := range s.metrics()["extauthz_decisions_total"].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "policy" && strings.HasPrefix(l.GetValue(), "detailed.device_") {
+					seen[l.GetValue()] = true
+				}
+			}
+		}
+		return len(seen)
+	}
+	device := func(v string) *rlsv3.RateLimitRequest {
+		return rateLimitRequest("detailed", envoyRequest{headers: [][2]string{{"x-device", v}}}, actions(requestHeader("x-device", "device")))
+	}
+	next := 0
+	for reload := 0; reload < 3; reload++ {
+		if reload > 0 {
+			must(t, s.cmd.Process.Signal(syscall.SIGHUP))
+			waitMetric(t, s, 10*time.Second, float64(reload), "extauthz_config_reloads_total", "result", "success")
+		}
+		for range 1500 {
+			s.shouldRateLimit(device("d" + strconv.Itoa(next)))
+			next++
+		}
+		if got := names(); got != 1000 {
+			t.Fatalf("after %d values and %d reloads: %d names of their own, want 1000", next, reload, got)
+		}
+	}
+	if got := s.metric("extauthz_decisions_total", "policy", "detailed.device"); got != 3*1500-1000 {
+		t.Fatalf("decisions under the rate limit's own name: %v, want %d", got, 3*1500-1000)
+	}
+}
+
+// A *.yaml entry of a domains directory that cannot be followed (a
+// dangling symlink, a symlink loop) fails the reload and keeps the running
+// domains, as naming that file directly does: it used to be left out, and
+// the reload "succeeded" with its domain gone and unlimited.
+func TestRLSUnreadableDomainEntryKeepsTheRunningConfig(t *testing.T) {
+	const limit = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"
+	section, dir := domainDir(t, map[string]string{"edge.yaml": limit})
+	s := startSidecar(t, section)
+	edge := func(ip string) *rlsv3.RateLimitRequest {
+		return rateLimitRequest("edge", envoyRequest{sourceIP: ip}, actions(remoteAddress()))
+	}
+	if got := s.rlsAdmitted(2, edge("192.0.2.1")); got != 2 {
+		t.Fatalf("before: %d of 2 admitted", got)
+	}
+	swap := func(target string) {
+		tmp := filepath.Join(dir, ".edge.tmp")
+		must(t, os.Symlink(target, tmp))
+		must(t, os.Rename(tmp, filepath.Join(dir, "edge.yaml")))
+	}
+	failures := 0
+	for _, tc := range []struct {
+		name  string
+		setup func()
+	}{
+		{"a dangling symlink", func() { swap(filepath.Join(dir, "missing.yaml")) }},
+		{"a symlink loop", func() {
+			must(t, os.Symlink(filepath.Join(dir, "edge.yaml"), filepath.Join(dir, "loop.yaml")))
+			swap(filepath.Join(dir, "loop.yaml"))
+		}},
+	} {
+		tc.setup()
+		must(t, s.cmd.Process.Signal(syscall.SIGHUP))
+		failures++
+		waitMetric(t, s, 10*time.Second, float64(failures), "extauthz_config_reloads_total", "result", "failure")
+		if n := s.metric("extauthz_config_reloads_total", "result", "success"); n != 0 {
+			t.Fatalf("%s: %v successful reloads, want none", tc.name, n)
+		}
+		if !strings.Contains(s.logs.String(), filepath.Join(dir, "edge.yaml")+`\" cannot be read`) {
+			t.Fatalf("%s: the log does not name edge.yaml:\n%s", tc.name, tail(s.logs.String(), 5))
+		}
+	}
+	// The running limit still holds: one of its 3 is left.
+	if got := s.rlsAdmitted(3, edge("192.0.2.1")); got != 1 {
+		t.Fatalf("after the failed reloads: %d of 3 admitted, want 1 (edge's limit still running)", got)
+	}
+}
+
+// A descriptor whose hits_addend no limit can ever grant is told so: its
+// Retry-After is the window (nothing shorter is true) and the problem
+// detail says it is never admitted, as a Check's does, where it was the
+// token bucket's refill time for the whole amount (2,576,980,317 s for
+// 2^32−1 hits on 100 a minute) or, near 2^64, 1 s. The limit keeps its
+// units for requests that fit.
+func TestRLSHitsThatNeverFit(t *testing.T) {
+	section, _ := domainDir(t, map[string]string{"bulk.yaml": `
+domain: bulk
+descriptors:
+  - key: bulk
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: token_bucket}
+`})
+	s := startSidecar(t, section)
+	for _, n := range []uint64{101, 1<<32 - 1, math.MaxUint64} {
+		resp := s.shouldRateLimit(rateLimitRequest("bulk", envoyRequest{},
+			routeRateLimit{actions: []rlAction{genericKey("bulk", "import")}, hitsAddend: &n}))
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("hits_addend %d: %v, want OVER_LIMIT", n, resp.GetOverallCode())
+		}
+		if got := headerOf(resp, "retry-after"); got != "60" {
+			t.Errorf("hits_addend %d: retry-after %q, want 60 (the window)", n, got)
+		}
+		if got := resp.GetStatuses()[0].GetDurationUntilReset().AsDuration(); got != time.Minute {
+			t.Errorf("hits_addend %d: duration_until_reset %v, want 1m", n, got)
+		}
+		if body := string(resp.GetRawBody()); !strings.Contains(body, "never admitted") || !strings.Contains(body, "admits at most 100 at once") {
+			t.Errorf("hits_addend %d: body %s; want it to say the request is never admitted", n, body)
+		}
+	}
+	if got := s.rlsAdmitted(100, rateLimitRequest("bulk", envoyRequest{}, actions(genericKey("bulk", "import")))); got != 100 {
+		t.Fatalf("after the requests that never fit: %d of 100 admitted", got)
 	}
 }

@@ -155,6 +155,9 @@ func newLogger(e env, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("-log-format %q: choices are text, json", format)
 }
 
+// adminIdleTimeout closes an admin connection idle this long.
+const adminIdleTimeout = 15 * time.Second
+
 // sidecar is the running process: servers, the doors, the caches.
 type sidecar struct {
 	flags   serveFlags
@@ -307,7 +310,18 @@ func (s *sidecar) run() (int, error) {
 			}
 			return 1, fmt.Errorf("listen.admin: %w", err)
 		}
-		s.admin = &http.Server{Handler: s.adminMux(), ReadHeaderTimeout: 5 * time.Second}
+		s.admin = &http.Server{
+			Handler:           s.adminMux(),
+			ReadHeaderTimeout: 5 * time.Second,
+			// Scrapers come back every 15 s or more; a connection idle
+			// longer is closed rather than held (a scraper reconnects).
+			// No ReadTimeout or WriteTimeout: /debug/pprof/profile
+			// answers after its ?seconds.
+			IdleTimeout: adminIdleTimeout,
+			// net/http's own lines (http: Accept error, TLS handshake
+			// errors) are structured like every other.
+			ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		}
 	}
 
 	errc := make(chan error, 3)

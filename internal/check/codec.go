@@ -1,6 +1,7 @@
 package check
 
 import (
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 
@@ -50,6 +51,23 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
 }
 
+// Unmarshal decodes a request. A CheckRequest that does not decode (a
+// string that is not valid UTF-8, which proto3 forbids and older Envoys
+// passed through from the client's headers; a Struct nested deeper than
+// protobuf's recursion limit of 10,000; malformed bytes) is not an error:
+// gRPC would answer Internal, uncounted, and Envoy's failure_mode_allow
+// would let the request through. It decodes as the request undecodable
+// marks, which Check answers with a 400 and counts.
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
-	return c.std.Unmarshal(data, v)
+	err := c.std.Unmarshal(data, v)
+	if req, ok := v.(*authv3.CheckRequest); ok && err != nil {
+		req.Reset()
+		req.Attributes = undecodable
+		return nil
+	}
+	return err
 }
+
+// undecodable is the Attributes of a CheckRequest that did not decode:
+// compared by identity, never read or written.
+var undecodable = &authv3.AttributeContext{}

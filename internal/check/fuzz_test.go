@@ -13,6 +13,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -186,6 +187,7 @@ func checkHeaders(t *testing.T, hs []*corev3.HeaderValueOption) {
 
 // The gRPC status of each HTTP status the sidecar denies with.
 var deniedCodes = map[int]codes.Code{
+	400: codes.InvalidArgument,
 	401: codes.Unauthenticated,
 	429: codes.ResourceExhausted,
 	431: codes.ResourceExhausted,
@@ -239,7 +241,9 @@ func checkDenied(t *testing.T, resp *authv3.CheckResponse, code codes.Code) {
 }
 
 // FuzzCheckProto feeds arbitrary bytes, as a serialized CheckRequest, to
-// Check: whatever decodes must get a well-formed answer and no gRPC error.
+// Check through the server's codec, as gRPC does: every input gets a
+// well-formed answer and no gRPC error, and one protobuf cannot decode
+// (invalid UTF-8, nesting too deep, malformed) a 400.
 func FuzzCheckProto(f *testing.F) {
 	for _, req := range seedRequests() {
 		b, err := proto.Marshal(req)
@@ -249,13 +253,18 @@ func FuzzCheckProto(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte{})
+	f.Add([]byte("\x0a\x07\x22\x05\x12\x03\x12\x01\xff")) // attributes.request.http.method "\xff": not UTF-8
 	fs := newFuzzServer(f)
+	c := newCodec()
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req authv3.CheckRequest
-		if proto.Unmarshal(data, &req) != nil {
-			t.Skip()
+		if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(data)}, &req); err != nil {
+			t.Fatalf("the codec refused a CheckRequest: %v", err)
 		}
-		fs.checkInvariants(t, &req)
+		resp := fs.checkInvariants(t, &req)
+		if proto.Unmarshal(data, &authv3.CheckRequest{}) != nil && httpStatus(resp) != 400 {
+			t.Fatalf("undecodable request: status %d, want 400", httpStatus(resp))
+		}
 	})
 }
 

@@ -41,7 +41,10 @@ func newRequest(req *authv3.CheckRequest) engine.Request {
 	if path == "" {
 		path = at.Headers[":path"]
 	}
-	at.Path = engine.TrimPath(path)
+	// Normalised as the HTTP door normalises a raw URI: Envoy's own
+	// normalisation is configuration (on in envoy/, off by default in
+	// Istio), and a policy must not be dodged by //orders or /%6Frders.
+	at.Path = engine.NormalizePath(path)
 	host := h.GetHost()
 	if host == "" {
 		host = at.Headers[":authority"]

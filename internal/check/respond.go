@@ -98,6 +98,9 @@ func (p *prerendered) allow(v *engine.Verdict, cfg *config.Config) *authv3.Check
 			ok.HeadersToRemove = o.rmBuf[:0]
 		}
 		ok.HeadersToRemove = append(ok.HeadersToRemove, v.CredHeader)
+		if v.AlsoCredHeader != "" {
+			ok.HeadersToRemove = append(ok.HeadersToRemove, v.AlsoCredHeader)
+		}
 	}
 	o.http.OkResponse = ok
 	o.resp.Status = statusOK
@@ -156,6 +159,19 @@ func (p *prerendered) deny(v *engine.Verdict, cfg *config.Config) *authv3.CheckR
 		}},
 		DynamicMetadata: md,
 	}
+}
+
+// undecodableResponse answers a CheckRequest that did not decode (see
+// codec.Unmarshal): a 400 whatever the policies, since nothing of the
+// request can be read. Shared read-only by every such answer.
+var undecodableResponse = &authv3.CheckResponse{
+	Status: &status.Status{Code: int32(codes.InvalidArgument), Message: "Bad Request"},
+	HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+		Status:  &typev3.HttpStatus{Code: typev3.StatusCode_BadRequest},
+		Headers: []*corev3.HeaderValueOption{header("content-type", engine.ProblemContentType)},
+		Body: engine.Problem{Type: "about:blank", Title: "Bad Request", Status: 400,
+			Detail: "The request's attributes could not be decoded: a header or other string that is not valid UTF-8, a message nested too deeply, or malformed protobuf."}.JSON(),
+	}},
 }
 
 // The dynamic metadata's result values, shared by every response.

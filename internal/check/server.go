@@ -141,6 +141,10 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	if s.now != nil {
 		now = s.now()
 	}
+	if req.GetAttributes() == undecodable {
+		s.door.Observe(engine.Failed, time.Since(start).Seconds())
+		return undecodableResponse, nil
+	}
 	c := s.compiled()
 	r := newRequest(req)
 	ctx, span := s.tracer.StartCheck(ctx, r.Headers)

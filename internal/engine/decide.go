@@ -53,9 +53,11 @@ type Taken struct {
 type Verdict struct {
 	Outcome Outcome
 	Client  *Client // the verified caller; nil when anonymous
-	// CredHeader is the header the API key came in ("" when none): the
-	// door strips it when clients.strip is set.
-	CredHeader string
+	// CredHeader is the header the API key came in ("" when none), and
+	// AlsoCredHeader the other one when a key came in both clients.header
+	// and Authorization: Bearer: the door strips both when clients.strip
+	// is set, so that neither reaches the upstream.
+	CredHeader, AlsoCredHeader string
 	// Detail is the problem detail of a 401 or a 500, and of a 429 for a
 	// request costing more than a policy admits at once ("" for other
 	// 429s: the detail says when to retry).
@@ -78,9 +80,20 @@ func (v *Verdict) Takes() []Taken {
 }
 
 // VerdictOf is a Verdict over takes a door decided itself (with TakeAll),
-// for the Verdict's renderings (Tightest, Denials).
+// for the Verdict's renderings (Tightest, Denials, Deny). A denial by a
+// limit the request's cost can never fit says so in its Detail, as a
+// Check's does.
 func VerdictOf(o Outcome, takes []Taken) Verdict {
-	return Verdict{Outcome: o, more: takes[:len(takes):len(takes)]}
+	v := Verdict{Outcome: o, more: takes[:len(takes):len(takes)]}
+	if o == OverLimit {
+		for i := range takes {
+			if t := &takes[i]; !t.OK && !t.Policy.Shadow && t.Units > t.Limit.MaxCost() {
+				v.Detail = costDetail(t)
+				break
+			}
+		}
+	}
+	return v
 }
 
 // add appends a policy's decision.
@@ -118,8 +131,8 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 
 	// 1. Identify the caller. A presented key that is not known is a 401
 	// before any policy runs, and leaves no state behind.
-	caller, credHeader, keyLen := e.identify(req)
-	v.Client, v.CredHeader = caller, credHeader
+	caller, credHeader, also, detail := e.identify(req)
+	v.Client, v.CredHeader, v.AlsoCredHeader = caller, credHeader, also
 	if credHeader != "" && e.authFail != nil {
 		// clients.auth_failures: an address that presented too many
 		// unknown keys is refused whatever key it presents now.
@@ -127,11 +140,8 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 			return err
 		}
 	}
-	if credHeader != "" && caller == nil {
-		v.Outcome, v.Detail = Unauthorized, "Unknown API key."
-		if keyLen > identity.MaxKeyLen {
-			v.Detail = keyTooLong
-		}
+	if detail != "" {
+		v.Outcome, v.Detail = Unauthorized, detail
 		return nil
 	}
 
@@ -204,24 +214,49 @@ func (e *Engine) denyTooCostly(v *Verdict) {
 	v.Outcome = OverLimit
 }
 
-// identify returns the client holding the presented API key, the header it
-// came in and its length. A key that is presented but unknown (or longer
-// than identity.MaxKeyLen, which is never hashed) yields (nil, header, n).
-// With no keys configured, API keys are not in use and nothing is read.
-func (e *Engine) identify(r *Request) (*Client, string, int) {
+// identify returns the client holding the presented API key, the header
+// it came in, the other header when a key came in both clients.header and
+// Authorization: Bearer, and the 401 detail when what was presented names
+// no client ("" when a client was found or no key was presented). Two keys
+// are one credential only when they are the same key: otherwise one would
+// be checked and the other passed to the upstream unchecked. A key longer
+// than identity.MaxKeyLen is never hashed. With no keys configured, API
+// keys are not in use and nothing is read.
+func (e *Engine) identify(r *Request) (c *Client, header, also, detail string) {
 	if e.keyring.Len() == 0 {
-		return nil, "", 0
+		return nil, "", "", ""
 	}
-	if v := strings.TrimSpace(r.Headers[e.keyHeader]); v != "" {
-		return e.keyring.Lookup(v), e.keyHeader, len(v)
+	key := strings.TrimSpace(r.Headers[e.keyHeader])
+	var bearer string
+	var hasBearer bool
+	if e.cfg.Clients.Bearer && e.keyHeader != "authorization" {
+		bearer, hasBearer = identity.Bearer(r.Headers["authorization"])
 	}
-	if e.cfg.Clients.Bearer {
-		if v, ok := identity.Bearer(r.Headers["authorization"]); ok {
-			return e.keyring.Lookup(v), "authorization", len(v)
+	switch {
+	case key != "" && hasBearer:
+		header, also = e.keyHeader, "authorization"
+		if key != bearer {
+			return nil, header, also, twoKeys
 		}
+	case key != "":
+		header = e.keyHeader
+	case hasBearer:
+		header, key = "authorization", bearer
+	default:
+		return nil, "", "", ""
 	}
-	return nil, "", 0
+	if len(key) > identity.MaxKeyLen {
+		return nil, header, also, keyTooLong
+	}
+	if c = e.keyring.Lookup(key); c == nil {
+		return nil, header, also, "Unknown API key."
+	}
+	return c, header, also, ""
 }
+
+// twoKeys is the 401 detail for different keys in clients.header and
+// Authorization: Bearer.
+const twoKeys = "Two different API keys: clients.header and Authorization: Bearer must carry the same key, or only one of them."
 
 // keyTooLong is the 401 detail for a presented key over identity.MaxKeyLen.
 var keyTooLong = "API key longer than " + strconv.Itoa(identity.MaxKeyLen) + " bytes."

@@ -43,17 +43,22 @@ func TakeAll(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (
 			t.Policy.unlimited.Inc()
 			continue
 		}
-		if t.Policy.Shadow && t.Units > t.Limit.MaxCost() {
-			// It would have denied; an enforcing policy's cost that never
-			// fits is denied before TakeAll (Engine.Decide).
-			t.Decision = tooCostly(t.Limit)
-			t.Policy.shadowDenied.Inc()
-			continue
-		}
-		d, err := t.Policy.limiter.Take(ctx, t.Key, t.Limit.Limit, t.Units, now)
-		if err != nil {
-			refund(ctx, takes[:i], now)
-			return Failed, i, fmt.Errorf("policy %s: %w", t.Policy.Name, err)
+		var d quota.Decision
+		switch {
+		case t.Units > t.Limit.MaxCost():
+			// A cost the limit can never grant: denied without asking
+			// the limiter, whose wait for it would be meaningless (a
+			// token bucket's refill time for 2^32 tokens). A Check's is
+			// denied before TakeAll (Engine.Decide); another door's,
+			// such as a rate limit descriptor's hits_addend, here.
+			d = tooCostly(t.Limit)
+		default:
+			var err error
+			d, err = t.Policy.limiter.Take(ctx, t.Key, t.Limit.Limit, t.Units, now)
+			if err != nil {
+				refund(ctx, takes[:i], now)
+				return Failed, i, fmt.Errorf("policy %s: %w", t.Policy.Name, err)
+			}
 		}
 		t.Decision, t.OK = d, d.Allowed
 		if d.Degraded != quota.NotDegraded {

@@ -8,34 +8,6 @@ import (
 	"testing"
 )
 
-// NormalizePath's output is what policies match: rooted, without a query,
-// empty or dot segments, stable when normalised again, and with no
-// encoded unreserved character left to spell a prefix another way.
-func FuzzNormalizePath(f *testing.F) {
-	for _, s := range []string{"", "/", "/orders?x", "//a/./b/../c/", "/%6frders", "/%2e%2E/x", "*", "a/b", "/%", "/%4", "/%%41", "/a#b?c"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, in string) {
-		out := NormalizePath(in)
-		if !strings.HasPrefix(out, "/") || strings.ContainsAny(out, "?#") || strings.Contains(out, "//") {
-			t.Fatalf("NormalizePath(%q) = %q", in, out)
-		}
-		for _, seg := range strings.Split(out, "/") {
-			if seg == "." || seg == ".." {
-				t.Fatalf("NormalizePath(%q) = %q keeps a dot segment", in, out)
-			}
-		}
-		if again := NormalizePath(out); again != out {
-			t.Fatalf("NormalizePath(%q) = %q, but NormalizePath of that = %q", in, out, again)
-		}
-		for i := 0; i+2 < len(out); i++ {
-			if out[i] == '%' && isHex(out[i+1]) && isHex(out[i+2]) && unreserved(unhex(out[i+1])<<4|unhex(out[i+2])) {
-				t.Fatalf("NormalizePath(%q) = %q leaves %s encoded", in, out, out[i:i+3])
-			}
-		}
-	})
-}
-
 // Whatever a proxy (or a client through it) sends, the door answers with
 // one of its statuses and header values that are valid on the wire; a
 // 200 happens only for a request it could read.

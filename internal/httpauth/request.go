@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"path"
 	"strings"
 
 	"github.com/extauthz/extauthz/internal/engine"
@@ -77,14 +76,12 @@ func newRequest(r *http.Request, c *compiled, hm map[string]string, at *engine.R
 	at.Peer = peerIP(r.RemoteAddr)
 	switch conv {
 	case envoy:
-		// Envoy sends its :path, which its HTTP connection manager has
-		// normalised (normalize_path, merge_slashes in envoy/), as the
-		// gRPC door receives it.
+		// Envoy sends its :path: normalised by its HTTP connection
+		// manager in envoy/ (normalize_path, merge_slashes), but not
+		// everywhere (Istio merges no slashes by default), so the door
+		// normalises it as Check does.
 		at.Method = r.Method
-		at.Path = strings.TrimPrefix(target, EnvoyPrefix)
-		if at.Path == "" {
-			at.Path = "/"
-		}
+		at.Path = engine.NormalizePath(strings.TrimPrefix(target, EnvoyPrefix))
 		at.Host = engine.NormalizeHost(r.Host)
 	case nginx:
 		uri, bad := single(r.Header, c.uriKey, c.uriName, "the original request URI: proxy_set_header %s $request_uri;")
@@ -101,7 +98,7 @@ func newRequest(r *http.Request, c *compiled, hm map[string]string, at *engine.R
 			// ingress-nginx's auth-url sends X-Original-URL: the whole URL.
 			host, uri = u.Host, u.EscapedPath()
 		}
-		at.Path = NormalizePath(uri)
+		at.Path = engine.NormalizePath(uri)
 		at.Host = engine.NormalizeHost(host)
 	case forwardAuth:
 		method, bad := single(r.Header, forwardedMethod, forwardedMethod, "the original method")
@@ -117,7 +114,7 @@ func newRequest(r *http.Request, c *compiled, hm map[string]string, at *engine.R
 			return conv, bad
 		}
 		at.Method = method
-		at.Path = NormalizePath(uri)
+		at.Path = engine.NormalizePath(uri)
 		at.Host = engine.NormalizeHost(host)
 	}
 	return conv, nil
@@ -161,90 +158,4 @@ func peerIP(remote string) string {
 		return ""
 	}
 	return host
-}
-
-// NormalizePath returns the path of a request-target (the query and
-// fragment dropped) the way Envoy's normalize_path and merge_slashes
-// leave it: percent-encoded unreserved characters decoded, dot segments
-// removed, repeated slashes merged, a trailing slash kept. nginx and
-// forward-auth proxies send the request-target as the client wrote it
-// ($request_uri), so without this /%6Frders and //orders would pass a
-// policy on /orders while the proxy routes them there.
-func NormalizePath(target string) string {
-	p := decodeUnreserved(engine.TrimPath(target))
-	if p == "" {
-		return "/"
-	}
-	rooted := p[0] == '/'
-	trailing := strings.HasSuffix(p, "/") || strings.HasSuffix(p, "/.") || strings.HasSuffix(p, "/..") || p == "." || p == ".."
-	p = path.Clean(p)
-	if !rooted {
-		// A request-target is rooted; one that is not ("*", or a
-		// misconfigured header) is matched as if it were.
-		p = path.Clean("/" + p)
-	}
-	if trailing && p != "/" {
-		p += "/"
-	}
-	return p
-}
-
-// decodeUnreserved decodes the percent-encoded octets that stand for
-// RFC 3986 unreserved characters (letters, digits, - . _ ~), and
-// upper-cases the hex digits of the others, which stay encoded (%2f and
-// %2F alike: an encoded slash is not a separator). A '%' that starts no
-// escape is itself encoded, %25, as a server that takes it literally
-// reads it: otherwise decoding "%2%44" would make "%2D", an escape the
-// client never sent, and normalising twice would differ from once.
-func decodeUnreserved(s string) string {
-	i := strings.IndexByte(s, '%')
-	if i < 0 {
-		return s
-	}
-	b := make([]byte, 0, len(s)+4)
-	b = append(b, s[:i]...)
-	for ; i < len(s); i++ {
-		c := s[i]
-		if c != '%' {
-			b = append(b, c)
-			continue
-		}
-		if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
-			b = append(b, "%25"...)
-			continue
-		}
-		v := unhex(s[i+1])<<4 | unhex(s[i+2])
-		if unreserved(v) {
-			b = append(b, v)
-		} else {
-			b = append(b, '%', upperHex(s[i+1]), upperHex(s[i+2]))
-		}
-		i += 2
-	}
-	return string(b)
-}
-
-func unreserved(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~'
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0'
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10
-	}
-	return c - 'A' + 10
-}
-
-func upperHex(c byte) byte {
-	if 'a' <= c && c <= 'f' {
-		return c - 'a' + 'A'
-	}
-	return c
 }

@@ -75,6 +75,9 @@ func allow(w http.ResponseWriter, conv convention, v *engine.Verdict, c *compile
 		}
 		if v.CredHeader != "" && cfg.Clients.Strip {
 			remove = append(remove, v.CredHeader)
+			if v.AlsoCredHeader != "" {
+				remove = append(remove, v.AlsoCredHeader)
+			}
 		}
 		if len(remove) > 0 {
 			h[envoyRemove] = []string{strings.Join(remove, ",")}

@@ -155,6 +155,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.now != nil {
 		now = s.now()
 	}
+	if r.ContentLength != 0 {
+		// The door never reads a body, and net/http reads what is left
+		// of one (up to 256 KiB) before writing the answer and again
+		// before reusing the connection: a body announced and never sent
+		// held the connection, unanswered, as long as its client liked.
+		// So the read deadline after the headers is now, and the
+		// connection is closed after the answer. The proxies send no
+		// body (nginx's auth_request, Envoy without with_request_body).
+		http.NewResponseController(w).SetReadDeadline(time.Now())
+		w.Header()["Connection"] = []string{"close"}
+	}
 	c := s.compiled()
 	eng, cfg := c.eng, c.eng.Config()
 	sc := scratches.Get().(*scratch)

@@ -305,7 +305,7 @@ func TestRawURIsAreNormalised(t *testing.T) {
 policies:
   - {name: orders, match: {path_prefix: /orders/}, limit: 100, window: 1m}
 `)
-	for _, uri := range []string{"/orders/1", "/%6Frders/1", "//orders//1", "/x/../orders/1", "/%2E%2E/orders/1?a", "/./orders/"} {
+	for _, uri := range []string{"/orders/1", "/%6Frders/1", "//orders//1", "/x/../orders/1", "/%2E%2E/orders/1?a", "/./orders/", "/orders%2F1", "/x/..%2forders/1"} {
 		resp := f.nginx("GET", uri)
 		if resp.Header.Get("RateLimit") == "" {
 			t.Errorf("nginx %q escaped the orders policy", uri)
@@ -315,36 +315,9 @@ policies:
 			t.Errorf("forward-auth %q escaped the orders policy", uri)
 		}
 	}
-	for _, uri := range []string{"/orders", "/orders%2F1", "/ordersx/1"} {
+	for _, uri := range []string{"/orders", "/ordersx/1", "/orders%252F1"} {
 		if resp := f.nginx("GET", uri); resp.Header.Get("RateLimit") != "" {
 			t.Errorf("%q matched path_prefix /orders/", uri)
-		}
-	}
-}
-
-func TestNormalizePath(t *testing.T) {
-	for in, want := range map[string]string{
-		"":                  "/",
-		"/":                 "/",
-		"/orders?x=1#f":     "/orders",
-		"/orders/":          "/orders/",
-		"//orders///1":      "/orders/1",
-		"/%6f%72ders":       "/orders",
-		"/a%2fb":            "/a%2Fb",
-		"/a%2Fb/../c":       "/c",
-		"/%7e%41-%5F.%2d":   "/~A-_.-",
-		"/a/./b/../../c/.":  "/c/",
-		"/../../etc":        "/etc",
-		"/a/%2e%2e/b":       "/b",
-		"/bad%zz%4":         "/bad%25zz%254",
-		"%2%44":             "/%252D", // found by FuzzNormalizePath: not "/%2D", nor "/-" when normalised again
-		"*":                 "/*",
-		"orders":            "/orders",
-		"/%25%36%66rders":   "/%256frders",
-		"/caf%C3%A9/%20/x/": "/caf%C3%A9/%20/x/",
-	} {
-		if got := NormalizePath(in); got != want {
-			t.Errorf("NormalizePath(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

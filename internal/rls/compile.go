@@ -22,7 +22,7 @@ type compiled struct {
 	domains map[string]*domain
 	// names holds the policies of the metric names made per request
 	// (detailed_metric, value_to_metric) and of the limits Envoy sends,
-	// at most maxNames of each kind per configuration.
+	// within the process's budget of each kind (Server.budgets).
 	names, overrides bounded
 
 	metrics  *engine.Metrics
@@ -77,15 +77,47 @@ type rule struct {
 	current *rlsv3.RateLimitResponse_RateLimit
 }
 
-// maxNames bounds the metric names one configuration makes from request
-// values: each is a set of Prometheus series, kept for the life of the
-// process. Past the bound, decisions count under the rate limit's own name.
+// maxNames bounds the metric names the process makes from request values,
+// of each kind: each is a set of Prometheus series, kept for the life of
+// the process whichever configuration made it, so the bound is the
+// process's, not a configuration's (a reload storm made 4,001 names when
+// each configuration had its own). Past the bound, decisions count under
+// the rate limit's own name (or the domain's, for limits Envoy sends).
 const maxNames = 1000
 
-func compile(cfg *config.Config, rc *rlsconfig.Config, limiters engine.Limiters, m *engine.Metrics, log *slog.Logger) (*compiled, error) {
+// budgets are the process's name budgets, one per kind, shared by every
+// configuration a Server compiles.
+type budgets struct{ names, overrides nameBudget }
+
+// nameBudget is the set of metric names made from request values so far:
+// at most maxNames. Safe for concurrent use.
+type nameBudget struct {
+	mu   sync.Mutex
+	made map[string]struct{}
+}
+
+// admit reports whether name may count under a name of its own: it
+// already does, or fewer than maxNames names do (name then does).
+func (b *nameBudget) admit(name string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.made[name]; ok {
+		return true
+	}
+	if len(b.made) >= maxNames {
+		return false
+	}
+	if b.made == nil {
+		b.made = map[string]struct{}{}
+	}
+	b.made[name] = struct{}{}
+	return true
+}
+
+func compile(cfg *config.Config, rc *rlsconfig.Config, limiters engine.Limiters, m *engine.Metrics, log *slog.Logger, bs *budgets) (*compiled, error) {
 	c := &compiled{cfg: cfg, rls: rc, domains: map[string]*domain{}, metrics: m, limiters: limiters, log: log}
-	c.names.init("metric names made from request values (detailed_metric, value_to_metric)")
-	c.overrides.init("rate limits sent with requests")
+	c.names.init("metric names made from request values (detailed_metric, value_to_metric)", &bs.names)
+	c.overrides.init("rate limits sent with requests", &bs.overrides)
 	if rc == nil {
 		return c, nil
 	}
@@ -191,27 +223,31 @@ var units = map[string]rlsv3.RateLimitResponse_RateLimit_Unit{
 	"year":   rlsv3.RateLimitResponse_RateLimit_YEAR,
 }
 
-// bounded is a set of policies made on demand: at most maxNames under
-// names of their own, then one under a fallback name each.
+// bounded is one configuration's set of policies made on demand: under
+// names of their own while the process's budget admits them, then one
+// under a fallback name (the configuration's, not the request's) each.
 type bounded struct {
 	what   string // for the warning when full
+	budget *nameBudget
 	mu     sync.Mutex
 	m      map[string]*engine.Policy
 	warned bool
 }
 
-func (b *bounded) init(what string) { b.what, b.m = what, map[string]*engine.Policy{} }
+func (b *bounded) init(what string, budget *nameBudget) {
+	b.what, b.budget, b.m = what, budget, map[string]*engine.Policy{}
+}
 
-// get returns the policy made for key, making it with mk(key) while fewer
-// than maxNames are made; past that, the one made for fallback. It logs
-// the first refusal.
+// get returns the policy made for key, making it with mk(key) while the
+// budget admits key; past that, the one made for fallback. It logs the
+// first refusal.
 func (b *bounded) get(key, fallback string, mk func(key string) (*engine.Policy, error), log *slog.Logger) (*engine.Policy, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if p, ok := b.m[key]; ok {
 		return p, nil
 	}
-	if len(b.m) >= maxNames {
+	if key != fallback && !b.budget.admit(key) {
 		if !b.warned && log != nil {
 			b.warned = true
 			log.Warn("rls: too many "+b.what+"; further ones count under their rate limit's or domain's name (logged once per configuration)", "max", maxNames)

@@ -590,6 +590,43 @@ func TestMetricNamesAreBounded(t *testing.T) {
 	}
 }
 
+// The bounds hold per process: a configuration compiled anew (a reload)
+// shares the names made under the one before, for both kinds, the names
+// from detailed_metric and those of limits Envoy sends with
+// request-chosen keys.
+func TestMetricNamesAreBoundedAcrossUpdates(t *testing.T) {
+	f := newFixture(t, "", example("08_detailed"))
+	cfg := mainConfig(t, "")
+	rc, err := rlsconfig.Load([]string{example("08_detailed")}, rlsconfig.OptionsFor(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	over := func(key string) *ratelimitv3.RateLimitDescriptor {
+		d := desc(key, "v")
+		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 100, Unit: typev3.RateLimitUnit_MINUTE}
+		return d
+	}
+	for update := 0; update < 3; update++ {
+		if update > 0 {
+			if err := f.srv.Update(cfg, rc); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := 0; i < maxNames/2+50; i++ {
+			n := strconv.Itoa(update*(maxNames/2+50) + i)
+			f.call("detailed", desc("device", "d"+n))
+			f.call("detailed", over("k"+n))
+		}
+	}
+	made := 3 * (maxNames/2 + 50)
+	if n := f.decisions("detailed.device", "allowed"); n != float64(made-maxNames) {
+		t.Fatalf("detailed_metric past the process's bound: %v decisions under the rate limit's name, want %d", n, made-maxNames)
+	}
+	if n := f.decisions("detailed", "allowed"); n != float64(made-maxNames) {
+		t.Fatalf("limits sent past the process's bound: %v decisions under the domain's name, want %d", n, made-maxNames)
+	}
+}
+
 // A reload keeps the counts of descriptors whose limits did not move, and
 // applies the new limits at once.
 func TestUpdateKeepsCounts(t *testing.T) {

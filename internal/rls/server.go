@@ -55,6 +55,7 @@ type Server struct {
 	hold     engine.HoldFunc
 	log      *slog.Logger
 	current  atomic.Pointer[compiled]
+	budgets  budgets // metric names made from requests, across configurations
 }
 
 // Option configures a Server.
@@ -105,7 +106,7 @@ func (s *Server) Update(cfg *config.Config, rc *rlsconfig.Config) error {
 // reload prepares every door before committing any, so the doors change
 // configuration together or not at all.
 func (s *Server) Prepare(cfg *config.Config, rc *rlsconfig.Config) (commit func(), err error) {
-	c, err := compile(cfg, rc, s.limiters, s.metrics, s.log)
+	c, err := compile(cfg, rc, s.limiters, s.metrics, s.log, &s.budgets)
 	if err != nil {
 		return nil, err
 	}

@@ -83,8 +83,16 @@ func Files(paths []string, source string) ([]string, error) {
 			}
 			full := filepath.Join(p, name)
 			// A ConfigMap's files are symlinks: follow them, and leave
-			// out what is not a file.
-			if fi, err := os.Stat(full); err == nil && fi.Mode().IsRegular() {
+			// out what is not a file (a directory named x.yaml). One
+			// that cannot be followed (a dangling link, a loop) is an
+			// error, as naming the file directly is: leaving it out
+			// would drop its domain, unlimited, from a reload that
+			// reports success.
+			fi, err := os.Stat(full)
+			if err != nil {
+				return nil, fmt.Errorf("%s: rls.domains[%d]: %q cannot be read: %w", source, i, full, errors.Unwrap(err))
+			}
+			if fi.Mode().IsRegular() {
 				found = append(found, full)
 			}
 		}

@@ -253,3 +253,35 @@ func TestSlidingLogMemoryFollowsMainConfiguration(t *testing.T) {
 		}
 	}
 }
+
+// A *.yaml entry of a directory that cannot be followed is an error naming
+// it; one that is not a file (a directory named x.yaml) is left out.
+func TestFilesRefusesEntriesThatCannotBeFollowed(t *testing.T) {
+	for name, setup := range map[string]func(dir string) error{
+		"dangling": func(dir string) error {
+			return os.Symlink(filepath.Join(dir, "missing"), filepath.Join(dir, "edge.yaml"))
+		},
+		"loop": func(dir string) error {
+			if err := os.Symlink(filepath.Join(dir, "b.yaml"), filepath.Join(dir, "edge.yaml")); err != nil {
+				return err
+			}
+			return os.Symlink(filepath.Join(dir, "edge.yaml"), filepath.Join(dir, "b.yaml"))
+		},
+	} {
+		dir := t.TempDir()
+		if err := setup(dir); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Files([]string{dir}, "main.yaml")
+		if err == nil || !strings.HasPrefix(err.Error(), "main.yaml: rls.domains[0]: \""+dir+"/") || !strings.Contains(err.Error(), ".yaml\" cannot be read: ") {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "sub.yaml"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if files, err := Files([]string{dir}, "main.yaml"); err != nil || len(files) != 0 {
+		t.Errorf("a directory named sub.yaml: %v, %v; want it left out", files, err)
+	}
+}

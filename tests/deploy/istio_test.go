@@ -26,6 +26,7 @@ type meshInfo struct {
 	providers        map[string]*meshv1alpha1.MeshConfig_ExtensionProvider_EnvoyExternalAuthorizationGrpcProvider
 	explicitFailOpen map[string]bool
 	statsMatcher     *meshv1alpha1.ProxyConfig_ProxyStatsMatcher
+	pathNorm         *meshv1alpha1.MeshConfig_ProxyPathNormalization
 }
 
 // loadMeshConfig decodes k8s/istio/mesh-config.yaml, failing t if it does
@@ -73,6 +74,7 @@ func parseMeshConfig(data []byte) (*meshInfo, error) {
 		explicitFailOpen: map[string]bool{},
 	}
 	m.statsMatcher = mc.GetDefaultConfig().GetProxyStatsMatcher()
+	m.pathNorm = mc.GetPathNormalization()
 	for _, p := range mc.GetExtensionProviders() {
 		if g := p.GetEnvoyExtAuthzGrpc(); g != nil {
 			m.providers[p.GetName()] = g
@@ -95,6 +97,50 @@ func TestMeshConfig(t *testing.T) {
 		checkProvider(&p, name, g, m.explicitFailOpen[name])
 	}
 	checkStatsMatcher(&p, m.statsMatcher)
+	checkPathNormalization(&p, meshConfigFile, m.pathNorm)
+	p.report(t)
+}
+
+// checkPathNormalization checks the mesh normalises paths as extauthz
+// matches them (engine.NormalizePath: dot segments, merged slashes, %2F
+// decoded). Istio's default, BASE, merges no slashes: //orders would be
+// routed, and reach the app, as a path no path_prefix policy on /orders
+// saw.
+func checkPathNormalization(p *problems, where string, pn *meshv1alpha1.MeshConfig_ProxyPathNormalization) {
+	if got := pn.GetNormalization(); got != meshv1alpha1.MeshConfig_ProxyPathNormalization_DECODE_AND_MERGE_SLASHES {
+		p.add("%s: pathNormalization.normalization %v: want DECODE_AND_MERGE_SLASHES, the path extauthz's policies match", where, got)
+	}
+}
+
+// The install notes of the shared layout print the mesh config to register
+// the provider with: it decodes as Istio's MeshConfig, and normalises paths
+// as k8s/istio/mesh-config.yaml does.
+func TestChartNotesMeshConfig(t *testing.T) {
+	out, err := renderChart(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notes := out[chartDir[len("charts/"):]+"/templates/NOTES.txt"]
+	i := strings.Index(notes, "\nmeshConfig:\n")
+	if i < 0 {
+		t.Fatalf("NOTES.txt prints no meshConfig block:\n%s", notes)
+	}
+	block := notes[i+1:]
+	if j := strings.Index(block, "\n\n"); j >= 0 {
+		block = block[:j+1]
+	}
+	m, err := parseMeshConfig([]byte(block))
+	if err != nil {
+		t.Fatalf("NOTES.txt's meshConfig: %v\n%s", err, block)
+	}
+	var p problems
+	if len(m.providers) != 1 {
+		p.add("NOTES.txt: %d envoyExtAuthzGrpc providers, want 1", len(m.providers))
+	}
+	for name, g := range m.providers {
+		checkProvider(&p, name, g, m.explicitFailOpen[name])
+	}
+	checkPathNormalization(&p, "NOTES.txt", m.pathNorm)
 	p.report(t)
 }
 
