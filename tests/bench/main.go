@@ -1,20 +1,27 @@
-// Command bench prints one table from one run: Check throughput and p50/p99
-// latency over gRPC for a no-op Check server (the ceiling) and for
-// extauthz in local, hybrid and redis modes against a real local Redis, all
-// driven by the same load generator at the same concurrency; the HTTP door
-// (local and hybrid) against a no-op HTTP server, driven the way nginx
-// asks an auth server (HTTP/1.1 keep-alive, one connection per worker);
-// then Redis calls per 1,000 hybrid decisions and memory per tracked key;
-// then Envoy's rate limit service protocol (rls.go) against its own no-op
-// ceiling, in hybrid mode and with Redis down; then, over three replicas
-// per mode, 10,000 uniform and 100,000 Zipf(1.1) keys.
+// Command bench prints the tables of `make bench` from one run. Every row
+// reports the server's CPU per decision (cpu.go: its process, plus its
+// redis-server's for the modes that use Redis) beside throughput and
+// p50/p99, and the gRPC rows are driven twice, by ghz (ghz.go, pinned in
+// tools/bench) and by the in-process generator (tests/internal/loadgen).
 //
-//	go run ./tests/bench            # what `make bench` runs
-//	go run ./tests/bench -n 100000 -c 64 -rounds 5
+//	go run ./tests/bench              # what `make bench` runs first
+//	go run ./tests/bench -compare     # `make bench-compare`
+//	go run ./tests/bench -n 5000 -rounds 1 -warmup 10s -measure 3s    # a smoke run
+//
+// The tables: Check over gRPC for a no-op Check server (the ceiling) and
+// extauthz in local, hybrid and redis modes against a real local Redis,
+// the HTTP door (local and hybrid) against a no-op HTTP server driven the
+// way nginx asks an auth server, Redis calls per 1,000 hybrid decisions
+// and memory per tracked key (main.go); Envoy's rate limit service against
+// its own no-op ceiling, in hybrid mode and with Redis down (rls.go); the
+// key distributions in steady state over three replicas per mode
+// (steady.go). With -compare, only extauthz in redis mode against
+// envoyproxy/ratelimit (compare.go).
 //
 // Every server binds 127.0.0.1; runs are bounded in count and time.
 // Targets are measured in interleaved rounds and the median round is
-// reported, so a noisy neighbour hurts all targets alike.
+// reported, so a noisy neighbour hurts all targets alike. It exits 1 when
+// a target is missed; a target that could not be measured is missed.
 package main
 
 import (
@@ -60,6 +67,7 @@ func main() {
 	flag.BoolVar(&o.dists, "distributions", true, "also measure the key distributions in steady state over three replicas per mode")
 	flag.DurationVar(&o.warmup, "warmup", steadyWarmup, "the key distributions' warm-up before measuring: two lease lifetimes by default (shorten only for a smoke run)")
 	flag.DurationVar(&o.measure, "measure", 10*time.Second, "the key distributions' measured load per row")
+	flag.BoolVar(&o.steadyOnly, "steady-only", false, "only the key distributions in steady state")
 	flag.BoolVar(&o.compare, "compare", false, "only the comparison with envoyproxy/ratelimit (make bench-compare)")
 	flag.Parse()
 	var err error
@@ -78,6 +86,7 @@ func main() {
 type options struct {
 	n, c, rounds, keys int
 	dists, compare     bool
+	steadyOnly         bool
 	warmup, measure    time.Duration
 }
 
@@ -174,6 +183,13 @@ func run(o options) error {
 		return err
 	}
 	defer cleanup()
+	if o.steadyOnly {
+		checks, err := runSteady(b)
+		if err != nil {
+			return fmt.Errorf("distributions: %w", err)
+		}
+		return report(checks)
+	}
 	listen := "listen: {grpc: 127.0.0.1:0, http: 127.0.0.1:0, admin: 127.0.0.1:0}\n"
 	redisSection := fmt.Sprintf("redis: {addrs: [%s]}\n", b.rds.Addr)
 

@@ -102,8 +102,12 @@ func runSteady(b *bench) ([]targetCheck, error) {
 	if err != nil {
 		return nil, err
 	}
-	fmt.Printf("\nkey distributions in steady state: three replicas per mode sharing one Redis, hybrid warmed up %v (two lease lifetimes), then %v measured per mode, in-process generator, %d workers\n\n",
-		b.o.warmup, b.o.measure, b.o.c)
+	warm := fmt.Sprintf("hybrid warmed up %v (two lease lifetimes)", b.o.warmup)
+	if b.o.warmup < steadyWarmup {
+		warm = fmt.Sprintf("hybrid warmed up only %v, not two lease lifetimes (%v): a smoke run, not steady state", b.o.warmup, steadyWarmup)
+	}
+	fmt.Printf("\nkey distributions: three replicas per mode sharing one Redis, %s, then %v measured per mode, in-process generator, %d workers\n\n",
+		warm, b.o.measure, b.o.c)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "row\tmode\tdecisions/s\tvs redis mode\tp50\tp99\tCPU per decision\tRedis calls per 1,000\tdegraded\tunder-use (denied)\terrors\t")
 	var checks []targetCheck

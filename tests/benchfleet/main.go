@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,13 +53,24 @@ func main() {
 	memoryKeys := flag.Int("memory-keys", 10_000, "buckets created to measure memory per key")
 	legacy := flag.Bool("legacy", true, "also run the largest fleet on standalone Redis with go-redis's default pools, as before redis.pool_size")
 	redisArgs := flag.String("redis-args", "", "further redis-server arguments, space-separated (such as \"--tcp-backlog 4096\")")
+	cpuProfile := flag.String("cpuprofile", "", "write the driver's CPU profile (every run) to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "benchfleet:", err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	// go-redis logs every failed dial; a fleet of a thousand on a loaded
 	// machine fails thousands, which the table counts as failed calls and
 	// degraded decisions. Counted here, not printed one by one.
 	redis.SetLogger(&redisLog)
 	if err := run(*replicas, *topologies, *modes, *rate, *keys, *zipf, *limit, *measure, *memoryKeys, *legacy, strings.Fields(*redisArgs)); err != nil {
 		fmt.Fprintln(os.Stderr, "benchfleet:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -238,6 +250,7 @@ func printTable(rows []row) {
 			res.ClientsIdle, res.Clients, float64(res.Clients)/float64(n), res.HeartbeatsPerSec, 100*res.HeartbeatCPU, res.MemoryPerKey, 100*res.DriverCPU)
 	}
 	tw.Flush()
+	printEvidence(rows)
 	fmt.Printf(`
 calls/decision: every Redis call the sidecars made (decisions, heartbeats, returns) ÷ decisions.
 Redis CPU: INFO used_cpu_sys + used_cpu_user over the measured load, all masters; CPU µs/decision
@@ -247,6 +260,34 @@ buckets created (10 an hour, one decision each), all overheads included. failed 
 that timed out or failed, probes left out. driver CPU: this process (every simulated sidecar) over
 the measured load, 100%% a core, of %d CPUs.
 `, runtime.NumCPU())
+}
+
+// printEvidence prints, per row, what settles whether a degraded row
+// measured the machine or the client: the whole machine's CPU beside the
+// driver's and Redis's, the connections dialled while measuring, the
+// breakers' confirmation probes and their verdicts.
+func printEvidence(rows []row) {
+	fmt.Printf("\nmachine and breakers over the measured load (%d CPUs):\n\n", runtime.NumCPU())
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "redis\tsidecars\tmode\tdegraded\tmachine CPU\tdriver CPU\tRedis CPU\tdials\tprobe conns\tdecision conns\tconfirmations\tbreakers opened\t")
+	for _, r := range rows {
+		res, e := r.res, r.res.Evidence
+		name := r.topology
+		if r.legacy {
+			name += " (go-redis default pools)"
+		}
+		var confirms []string
+		for _, k := range []string{"ok", "timeout", "error", "inconclusive"} {
+			if n := e.Confirms[k]; n > 0 {
+				confirms = append(confirms, fmt.Sprintf("%s %d", k, n))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%.0f%%\t%.0f%%\t%.0f%%\t%d\t%d\t%d\t%s\t%d\t\n", name, res.Options.Replicas, res.Options.Mode, res.Degraded,
+			100*e.MachineCPU, 100*res.DriverCPU, 100*res.CPU, e.Dials, e.ProbeConns, e.DecisionConns, strings.Join(confirms, ", "), e.BreakerOpened)
+	}
+	tw.Flush()
+	fmt.Println("machine CPU: every process (/proc/stat), 100% a core; dials: connections the masters accepted (INFO total_connections_received);")
+	fmt.Println("conns by CLIENT SETNAME at the end of the load; confirmations: the breakers' probes on suspicion, by result.")
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/1e6) }
