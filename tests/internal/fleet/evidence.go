@@ -3,8 +3,10 @@ package fleet
 import (
 	"context"
 	"os"
+	"runtime/metrics"
 	"strconv"
 	"strings"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
@@ -34,6 +36,43 @@ type Evidence struct {
 	// BreakerOpened the masters marked down.
 	Confirms      map[string]int64
 	BreakerOpened int64
+	// SchedP50 and SchedP99 are how long the driver's goroutines waited,
+	// runnable, for a CPU (runtime/metrics /sched/latencies:seconds): a
+	// simulated sidecar's Redis call cannot finish sooner than its
+	// goroutine runs again, so calls this slow are the driver's wait,
+	// not Redis's.
+	SchedP50, SchedP99 time.Duration
+}
+
+const schedLatencies = "/sched/latencies:seconds"
+
+func schedHistogram() *metrics.Float64Histogram {
+	s := []metrics.Sample{{Name: schedLatencies}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return nil
+	}
+	return s[0].Value.Float64Histogram()
+}
+
+// schedQuantile is quantile q of the waits counted between h0 and h1,
+// the upper bound of its bucket.
+func schedQuantile(h0, h1 *metrics.Float64Histogram, q float64) time.Duration {
+	if h0 == nil || h1 == nil || len(h0.Counts) != len(h1.Counts) {
+		return 0
+	}
+	var total uint64
+	for i := range h1.Counts {
+		total += h1.Counts[i] - h0.Counts[i]
+	}
+	var seen uint64
+	for i := range h1.Counts {
+		seen += h1.Counts[i] - h0.Counts[i]
+		if total > 0 && float64(seen) >= q*float64(total) {
+			return time.Duration(min(h1.Buckets[i+1], 3600) * float64(time.Second))
+		}
+	}
+	return 0
 }
 
 // machineTicks reads /proc/stat's first line: busy and total jiffies of
@@ -112,18 +151,20 @@ func breakerOpenedOf(m *redisstore.Metrics) int64 {
 type evidenceProbe struct {
 	busy, total, dials, opened int64
 	confirms                   map[string]int64
+	sched                      *metrics.Float64Histogram
 }
 
 func startEvidence(ctx context.Context, admins []*redis.Client, m *redisstore.Metrics) evidenceProbe {
 	busy, total := machineTicks()
-	return evidenceProbe{busy: busy, total: total, dials: dialsOf(ctx, admins), opened: breakerOpenedOf(m), confirms: confirmsOf(m)}
+	return evidenceProbe{busy: busy, total: total, dials: dialsOf(ctx, admins), opened: breakerOpenedOf(m), confirms: confirmsOf(m), sched: schedHistogram()}
 }
 
 // finish returns the evidence of the phase since p, on a machine of cpus
 // cores.
 func (p evidenceProbe) finish(ctx context.Context, admins []*redis.Client, m *redisstore.Metrics, cpus int) Evidence {
 	busy, total := machineTicks()
-	e := Evidence{Dials: dialsOf(ctx, admins) - p.dials, BreakerOpened: breakerOpenedOf(m) - p.opened, Confirms: map[string]int64{}}
+	sched := schedHistogram()
+	e := Evidence{SchedP50: schedQuantile(p.sched, sched, 0.5), SchedP99: schedQuantile(p.sched, sched, 0.99), Dials: dialsOf(ctx, admins) - p.dials, BreakerOpened: breakerOpenedOf(m) - p.opened, Confirms: map[string]int64{}}
 	if total > p.total {
 		e.MachineCPU = float64(busy-p.busy) / float64(total-p.total) * float64(cpus)
 	}
