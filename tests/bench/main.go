@@ -139,7 +139,7 @@ func setup(o options) (*bench, func(), error) {
 		return nil, nil, err
 	}
 	if b.ghz, err = newGhz(dir, o.c); err != nil {
-		b.noGhz = "ghz unavailable"
+		b.noGhz = "ghz could not be built in tools/bench: see the message above the tables"
 		fmt.Fprintf(os.Stderr, "bench: no ghz rows: %v\n", err)
 	}
 	if b.rds, err = testredis.StartDetached(dir); err != nil {
