@@ -79,7 +79,7 @@ nginx:
 # BENCHFLAGS='-warmup 10s' for a smoke run). Then bench-compare, then the
 # fleet table (bench-fleet), one after the other so none measures another's
 # load; the bench fails if any missed a target. Record results in
-# docs/benchmarks.md. About 25 minutes.
+# docs/benchmarks.md. About 30 minutes.
 BENCHFLAGS ?=
 bench: redis-server
 	@status=0; \
