@@ -1,20 +1,27 @@
-// Command bench prints one table from one run: Check throughput and p50/p99
-// latency over gRPC for a no-op Check server (the ceiling) and for
-// extauthz in local, hybrid and redis modes against a real local Redis, all
-// driven by the same load generator at the same concurrency; the HTTP door
-// (local and hybrid) against a no-op HTTP server, driven the way nginx
-// asks an auth server (HTTP/1.1 keep-alive, one connection per worker);
-// then Redis calls per 1,000 hybrid decisions and memory per tracked key;
-// then Envoy's rate limit service protocol (rls.go) against its own no-op
-// ceiling, in hybrid mode and with Redis down; then, over three replicas
-// per mode, 10,000 uniform and 100,000 Zipf(1.1) keys.
+// Command bench prints the tables of `make bench` from one run. Every row
+// reports the server's CPU per decision (cpu.go: its process, plus its
+// redis-server's for the modes that use Redis) beside throughput and
+// p50/p99, and the gRPC rows are driven twice, by ghz (ghz.go, pinned in
+// tools/bench) and by the in-process generator (tests/internal/loadgen).
 //
-//	go run ./tests/bench            # what `make bench` runs
-//	go run ./tests/bench -n 100000 -c 64 -rounds 5
+//	go run ./tests/bench              # what `make bench` runs first
+//	go run ./tests/bench -compare     # `make bench-compare`
+//	go run ./tests/bench -n 5000 -rounds 1 -warmup 10s -measure 3s    # a smoke run
+//
+// The tables: Check over gRPC for a no-op Check server (the ceiling) and
+// extauthz in local, hybrid and redis modes against a real local Redis,
+// the HTTP door (local and hybrid) against a no-op HTTP server driven the
+// way nginx asks an auth server, Redis calls per 1,000 hybrid decisions
+// and memory per tracked key (main.go); Envoy's rate limit service against
+// its own no-op ceiling, in hybrid mode and with Redis down (rls.go); the
+// key distributions in steady state over three replicas per mode
+// (steady.go). With -compare, only extauthz in redis mode against
+// envoyproxy/ratelimit (compare.go).
 //
 // Every server binds 127.0.0.1; runs are bounded in count and time.
 // Targets are measured in interleaved rounds and the median round is
-// reported, so a noisy neighbour hurts all targets alike.
+// reported, so a noisy neighbour hurts all targets alike. It exits 1 when
+// a target is missed; a target that could not be measured is missed.
 package main
 
 import (
@@ -27,12 +34,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
+	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -52,16 +59,35 @@ func main() {
 		serveNoopHTTP()
 		return
 	}
-	n := flag.Int("n", 40000, "requests per target per round")
-	c := flag.Int("c", 32, "concurrent workers (one gRPC connection per target)")
-	rounds := flag.Int("rounds", 3, "interleaved rounds; the median is reported")
-	keys := flag.Int("keys", 100000, "distinct keys for the memory measurement")
-	dists := flag.Bool("distributions", true, "also measure 10,000 uniform and 100,000 Zipf(1.1) keys over three replicas per mode")
+	var o options
+	flag.IntVar(&o.n, "n", 40000, "requests per target per round and load generator")
+	flag.IntVar(&o.c, "c", 32, "concurrent workers (the in-process generator: one gRPC connection per target; ghz: two)")
+	flag.IntVar(&o.rounds, "rounds", 3, "interleaved rounds; the median is reported")
+	flag.IntVar(&o.keys, "keys", 100000, "distinct keys for the memory measurement")
+	flag.BoolVar(&o.dists, "distributions", true, "also measure the key distributions in steady state over three replicas per mode")
+	flag.DurationVar(&o.warmup, "warmup", steadyWarmup, "the key distributions' warm-up before measuring: two lease lifetimes by default (shorten only for a smoke run)")
+	flag.DurationVar(&o.measure, "measure", 10*time.Second, "the key distributions' measured load per row")
+	flag.BoolVar(&o.steadyOnly, "steady-only", false, "only the key distributions in steady state")
+	flag.BoolVar(&o.compare, "compare", false, "only the comparison with envoyproxy/ratelimit (make bench-compare)")
 	flag.Parse()
-	if err := run(*n, *c, *rounds, *keys, *dists); err != nil {
+	var err error
+	if o.compare {
+		err = runCompare(o)
+	} else {
+		err = run(o)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// options are the command line's.
+type options struct {
+	n, c, rounds, keys int
+	dists, compare     bool
+	steadyOnly         bool
+	warmup, measure    time.Duration
 }
 
 const policy = `
@@ -74,38 +100,98 @@ policies:
 // httpCeiling names the HTTP no-op server's row.
 const httpCeiling = "http no-op ceiling"
 
-type target struct {
-	name string
-	p    *testredis.Proc
-	http bool // the HTTP door (p.HTTP), not gRPC Check (p.Addr)
-	owns bool // p is this target's process, to stop at the end
-	runs []loadgen.Result
+// bench is what every part of a run shares: the built binary, this
+// program (the no-op servers), the shared Redis, ghz.
+type bench struct {
+	o     options
+	dir   string
+	bin   string
+	self  string
+	rds   *testredis.Proc
+	rdb   *redis.Client
+	ghz   *ghz   // nil when it could not be built
+	noGhz string // why not
 }
 
-func run(n, c, rounds, keys int, dists bool) error {
+// setup builds the binary and ghz and starts the shared Redis; the
+// returned function undoes it.
+func setup(o options) (*bench, func(), error) {
 	dir, err := os.MkdirTemp("", "extauthz-bench-")
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "extauthz")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/extauthz")
+	b := &bench{o: o, dir: dir, bin: filepath.Join(dir, "extauthz")}
+	cleanup := func() {
+		if b.rdb != nil {
+			b.rdb.Close()
+		}
+		b.rds.Stop()
+		os.RemoveAll(dir)
+	}
+	build := exec.Command("go", "build", "-o", b.bin, "./cmd/extauthz")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		return fmt.Errorf("building extauthz (run from the repository root): %w", err)
+		cleanup()
+		return nil, nil, fmt.Errorf("building extauthz (run from the repository root): %w", err)
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
+	if b.self, err = os.Executable(); err != nil {
+		cleanup()
+		return nil, nil, err
 	}
+	if b.ghz, err = newGhz(dir, o.c); err != nil {
+		b.noGhz = "ghz could not be built in tools/bench: see the message above the tables"
+		fmt.Fprintf(os.Stderr, "bench: no ghz rows: %v\n", err)
+	}
+	if b.rds, err = testredis.StartDetached(dir); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	b.rdb = redis.NewClient(&redis.Options{Addr: b.rds.Addr})
+	return b, cleanup, nil
+}
 
-	rds, err := testredis.StartDetached(dir)
+// grpcTarget is a row answering Check (or, with rls, ShouldRateLimit) on
+// p's gRPC address, driven by both load generators.
+func (b *bench) grpcTarget(name string, p *testredis.Proc, usesRedis bool, checkReq *authv3.CheckRequest, rlsReq *rlsv3.RateLimitRequest) *target {
+	t := &target{name: name, p: p, meter: cpuMeter{p}, drive: map[string]func(int) (loadgen.Result, error){}}
+	if usesRedis {
+		t.meter = append(t.meter, b.rds)
+	}
+	t.drive[inProcess] = func(n int) (loadgen.Result, error) {
+		o := loadgen.Options{Targets: []string{p.Addr}, Requests: n, Concurrency: b.o.c, MaxDuration: 2 * time.Minute}
+		if rlsReq != nil {
+			o.RateLimit = func(int) *rlsv3.RateLimitRequest { return rlsReq } // read-only: safe to share
+		} else {
+			o.Request = func(int) *authv3.CheckRequest { return checkReq }
+		}
+		return loadgen.Run(context.Background(), o)
+	}
+	if b.ghz != nil {
+		t.drive[byGhz] = func(n int) (loadgen.Result, error) {
+			if rlsReq != nil {
+				return b.ghz.run(p.Addr, rateLimitMethod, rlsReq, n)
+			}
+			return b.ghz.run(p.Addr, checkMethod, checkReq, n)
+		}
+	}
+	return t
+}
+
+func run(o options) error {
+	b, cleanup, err := setup(o)
 	if err != nil {
 		return err
 	}
-	defer rds.Stop()
+	defer cleanup()
+	if o.steadyOnly {
+		checks, err := runSteady(b)
+		if err != nil {
+			return fmt.Errorf("distributions: %w", err)
+		}
+		return report(checks)
+	}
 	listen := "listen: {grpc: 127.0.0.1:0, http: 127.0.0.1:0, admin: 127.0.0.1:0}\n"
-	redisSection := fmt.Sprintf("redis: {addrs: [%s]}\n", rds.Addr)
+	redisSection := fmt.Sprintf("redis: {addrs: [%s]}\n", b.rds.Addr)
 
 	var targets []*target
 	defer func() {
@@ -115,154 +201,142 @@ func run(n, c, rounds, keys int, dists bool) error {
 			}
 		}
 	}()
-	add := func(name string, p *testredis.Proc, err error) error {
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		targets = append(targets, &target{name: name, p: p, owns: true})
-		return nil
+	req := check.NewRequest(check.RequestSpec{Method: "POST", Path: "/orders", Headers: map[string]string{"x-api-key": "key-ada"}})
+	noop, err := testredis.Serve("no-op", nil, b.self, "-noop-serve")
+	if err != nil {
+		return fmt.Errorf("no-op: %w", err)
 	}
-	p, err := testredis.Serve("no-op", nil, self, "-noop-serve")
-	if err := add("no-op ceiling", p, err); err != nil {
-		return err
-	}
+	targets = append(targets, b.grpcTarget("no-op ceiling", noop, false, req, nil))
+	targets[0].owns = true
 	for _, mode := range []string{"local", "hybrid", "redis"} {
 		cfg := listen + "default_mode: " + mode + "\n" + policy
 		if mode != "local" {
 			cfg = listen + redisSection + "default_mode: " + mode + "\n" + policy
 		}
-		p, err := startSidecar(dir, mode, bin, cfg)
-		if err := add(mode, p, err); err != nil {
-			return err
+		p, err := startSidecar(b.dir, mode, b.bin, cfg)
+		if err != nil {
+			return fmt.Errorf("%s: %w", mode, err)
 		}
+		t := b.grpcTarget(mode, p, mode != "local", req, nil)
+		t.owns = true
+		targets = append(targets, t)
 	}
 	// The HTTP door: its own ceiling, then the local and hybrid sidecars'
-	// HTTP listeners (the same processes as their gRPC rows).
-	p, err = testredis.Serve("http no-op", nil, self, "-noop-http-serve")
-	if err := add(httpCeiling, p, err); err != nil {
-		return err
-	}
-	targets[len(targets)-1].http = true
-	for _, t := range targets[:len(targets)-1] {
-		if t.name == "local" || t.name == "hybrid" {
-			targets = append(targets, &target{name: "http " + t.name, p: t.p, http: true})
-		}
-	}
-
-	req := check.NewRequest(check.RequestSpec{Method: "POST", Path: "/orders", Headers: map[string]string{"x-api-key": "key-ada"}})
-	same := func(int) *authv3.CheckRequest { return req } // read-only: safe to share
-	// What nginx's auth_request sends (proxies/nginx/extauthz.conf): the
-	// original method and URI in headers, the client's headers beside them.
+	// HTTP listeners (the same processes as their gRPC rows), driven the
+	// way nginx asks an auth server (HTTP/1.1 keep-alive, one connection
+	// per worker), by the in-process generator alone.
 	httpReq := loadgen.RawRequest("GET", "/nginx", "api.example.com", "X-Original-Method", "POST", "X-Original-URI", "/orders?page=1",
 		"X-Forwarded-For", "10.0.0.1", "User-Agent", "curl/8.0", "Accept", "*/*", "X-Api-Key", "key-ada")
-	drive := func(t *target, n int) (loadgen.Result, error) {
-		if t.http {
-			return loadgen.RunHTTP(context.Background(), loadgen.HTTPOptions{
-				Targets: []string{t.p.HTTP}, Requests: n, Concurrency: c, MaxDuration: 2 * time.Minute, Request: httpReq,
-			})
-		}
-		return loadgen.Run(context.Background(), loadgen.Options{
-			Targets: []string{t.p.Addr}, Requests: n, Concurrency: c, MaxDuration: 2 * time.Minute, Request: same,
-		})
+	httpTarget := func(name string, p *testredis.Proc, meter cpuMeter) *target {
+		return &target{name: name, p: p, meter: meter, http: true, drive: map[string]func(int) (loadgen.Result, error){
+			inProcess: func(n int) (loadgen.Result, error) {
+				return loadgen.RunHTTP(context.Background(), loadgen.HTTPOptions{
+					Targets: []string{p.HTTP}, Requests: n, Concurrency: o.c, MaxDuration: 2 * time.Minute, Request: httpReq,
+				})
+			},
+		}}
 	}
-	for _, t := range targets { // warm up connections, caches and rates
-		if _, err := drive(t, max(n/10, 2000)); err != nil {
-			return fmt.Errorf("%s: %w", t.name, err)
+	hn, err := testredis.Serve("http no-op", nil, b.self, "-noop-http-serve")
+	if err != nil {
+		return fmt.Errorf("http no-op: %w", err)
+	}
+	grpcRows := slices.Clone(targets)
+	targets = append(targets, httpTarget(httpCeiling, hn, cpuMeter{hn}))
+	targets[len(targets)-1].owns = true
+	for _, t := range grpcRows {
+		if t.name == "local" || t.name == "hybrid" {
+			targets = append(targets, httpTarget("http "+t.name, t.p, t.meter))
 		}
 	}
 
-	rdb := redis.NewClient(&redis.Options{Addr: rds.Addr})
-	defer rdb.Close()
 	ctx := context.Background()
-	var hybridCalls, hybridDecisions int64
-	degraded := map[string]float64{}
-	for r := 0; r < rounds; r++ {
-		for _, t := range targets {
-			before := scriptCalls(ctx, rdb)
-			d0, err := degradedDecisions(t)
-			if err != nil {
-				return err
-			}
-			res, err := drive(t, n)
-			if err != nil {
-				return fmt.Errorf("%s: %w", t.name, err)
-			}
-			if res.GRPCErrors > 0 || res.Statuses["200"] != n {
-				return fmt.Errorf("%s: %d transport errors, statuses %v (first error: %s)", t.name, res.GRPCErrors, res.Statuses, res.FirstError)
-			}
-			d1, err := degradedDecisions(t)
-			if err != nil {
-				return err
-			}
-			degraded[t.name] += d1 - d0
-			if t.name == "hybrid" {
-				hybridCalls += scriptCalls(ctx, rdb) - before
-				hybridDecisions += int64(n)
-			}
-			t.runs = append(t.runs, res)
-		}
+	if err := measureRounds(ctx, targets, b.rdb, o.n, o.rounds); err != nil {
+		return err
 	}
-
-	perKey, rss, err := memoryPerKey(dir, bin, keys, c)
+	perKey, rss, err := memoryPerKey(b.dir, b.bin, o.keys, o.c)
 	if err != nil {
 		return fmt.Errorf("memory: %w", err)
 	}
-	printRLS, rlsChecks, err := measureRLS(dir, bin, targets[0].p.Addr, rds.Addr, n, c, rounds)
+	rlsRows, err := measureRLS(b, noop)
 	if err != nil {
 		return fmt.Errorf("rate limit service: %w", err)
 	}
 
-	fmt.Printf("extauthz benchmark: %s, %d CPUs, %s; %d requests per target per round, %d workers, %d interleaved rounds (median shown); every sidecar at the default configuration\n\n",
-		time.Now().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), n, c, rounds)
-	ceiling := median(targets[0].runs)
-	byName := map[string]loadgen.Result{}
+	fmt.Printf("extauthz benchmark: %s, %d CPUs, %s; %d requests per target per round and load generator, %d workers, %d interleaved rounds (median shown); every sidecar at the default configuration\n\n",
+		time.Now().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), o.n, o.c, o.rounds)
+	by := map[string]*target{}
 	for _, t := range targets {
-		byName[t.name] = median(t.runs)
+		by[t.name] = t
 	}
-	httpTop := byName[httpCeiling]
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\tthroughput (decisions/s)\tof ceiling\tp50\tp99\tp99 vs ceiling\tdegraded decisions\t")
-	for _, t := range targets {
-		m, top := byName[t.name], ceiling
+	printRows(targets, func(t *target) *target {
 		if t.http {
-			top = httpTop // each door against its own protocol's ceiling
+			return by[httpCeiling] // each door against its own protocol's ceiling
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f%%\t%s\t%s\t%.2f×\t%.0f\t\n", t.name, m.Throughput, 100*m.Throughput/top.Throughput,
-			us(m.P50), us(m.P99), float64(m.P99)/float64(top.P99), degraded[t.name])
+		return targets[0]
+	})
+	fmt.Println(cpuNote)
+	var degraded float64
+	var errs int
+	for _, t := range targets {
+		for g := range t.samples {
+			s := t.summary(g)
+			degraded, errs = degraded+s.degraded, errs+s.errors
+		}
 	}
-	tw.Flush()
-	var totalDegraded float64
-	for _, d := range degraded {
-		totalDegraded += d
+	hs := by["hybrid"].summary(inProcess)
+	perThousand := float64(hs.scripts) * 1000 / float64(hs.decided)
+	if gs := by["hybrid"].summary(byGhz); gs.ok {
+		perThousand = float64(hs.scripts+gs.scripts) * 1000 / float64(hs.decided+gs.decided)
 	}
-	h, rm := byName["hybrid"], byName["redis"]
-	hh, hl := byName["http hybrid"], byName["http local"]
-	perThousand := float64(hybridCalls) * 1000 / float64(hybridDecisions)
 	fmt.Printf("\nhybrid: %.2f Redis calls per 1,000 decisions (script calls seen by Redis, heartbeats included)\n", perThousand)
-	fmt.Printf("memory per tracked key (local mode, %d keys): %.0f bytes of live heap, %.0f bytes of resident memory\n", keys, perKey, rss)
+	fmt.Printf("memory per tracked key (local mode, %d keys): %.0f bytes of live heap, %.0f bytes of resident memory\n", o.keys, perKey, rss)
+	printRatios(by)
 
 	// SPEC §9's targets, each checked; any miss, and any decision made
 	// without Redis in a measured round, fails the run.
+	h, top := by["hybrid"].summary(inProcess), targets[0].summary(inProcess)
 	checks := []targetCheck{
-		{"no decision degraded (made without Redis) in any measured round", totalDegraded == 0},
-		{fmt.Sprintf("hybrid throughput ≥ 90%% of the ceiling (%.0f%%)", 100*h.Throughput/ceiling.Throughput), h.Throughput >= 0.9*ceiling.Throughput},
-		{fmt.Sprintf("hybrid p99 within 1.5× of the ceiling's (%.2f×)", float64(h.P99)/float64(ceiling.P99)), float64(h.P99) <= 1.5*float64(ceiling.P99)},
-		{fmt.Sprintf("redis throughput ≥ 75%% of the ceiling (%.0f%%)", 100*rm.Throughput/ceiling.Throughput), rm.Throughput >= 0.75*ceiling.Throughput},
-		{"hybrid ≥ redis on one busy key", h.Throughput >= rm.Throughput},
+		{fmt.Sprintf("no decision degraded (made without Redis) and no error in any measured round (%.0f degraded, %d errors)", degraded, errs), degraded == 0 && errs == 0},
+		cpuGate(by["hybrid"], targets[0], 1.25, b.noGhz),
+		{fmt.Sprintf("hybrid p99 within 1.5× of the ceiling's, in-process generator (%.2f×)", float64(h.res.P99)/float64(top.res.P99)), float64(h.res.P99) <= 1.5*float64(top.res.P99)},
 		{fmt.Sprintf("hybrid ≤ 1 Redis call per 1,000 decisions on a busy key (%.2f)", perThousand), perThousand <= 1},
-		{fmt.Sprintf("HTTP door, hybrid, ≥ 85%% of the HTTP no-op ceiling's throughput (%.0f%%)", 100*hh.Throughput/httpTop.Throughput), hh.Throughput >= 0.85*httpTop.Throughput},
-		{fmt.Sprintf("HTTP door, local, ≥ 85%% of the HTTP no-op ceiling's throughput (%.0f%%)", 100*hl.Throughput/httpTop.Throughput), hl.Throughput >= 0.85*httpTop.Throughput},
 	}
-	checks = append(checks, rlsChecks...)
-	printRLS()
-	if dists {
-		more, err := runDistributions(dir, bin, self, rds, rdb, n/2, c, rounds)
+	checks = append(checks, rlsRows.print(b)...)
+	if o.dists {
+		more, err := runSteady(b)
 		if err != nil {
 			return fmt.Errorf("distributions: %w", err)
 		}
 		checks = append(checks, more...)
 	}
-	fmt.Println("\ntargets (SPEC §9; the HTTP door's from issue 17):")
+	return report(checks)
+}
+
+// cpuNote says what the CPU column is.
+const cpuNote = `
+CPU per decision: the server's process (utime + stime from /proc/PID/stat), plus its redis-server's for the
+modes that use Redis, over the measured round, ÷ decisions; the median round. It measures the server, whichever
+client drives it; the throughput columns mostly measure the client, which shares the cores.`
+
+// printRatios prints the throughput ratios that SPEC §9 once gated: on a
+// machine whose cores the client shares they measure the client as much
+// as the sidecar, so they are shown, not gated.
+func printRatios(by map[string]*target) {
+	top, http := by["no-op ceiling"], by[httpCeiling]
+	fmt.Println("\nthroughput ratios (printed, not gated: they measure the load generator as much as the sidecar):")
+	for _, r := range []struct{ row, ceiling *target }{{by["hybrid"], top}, {by["redis"], top}, {by["redis"], by["hybrid"]}, {by["http hybrid"], http}, {by["http local"], http}} {
+		for _, g := range []string{byGhz, inProcess} {
+			a, c := r.row.summary(g), r.ceiling.summary(g)
+			if a.ok && c.ok {
+				fmt.Printf("  %s / %s, %s: %.0f%%\n", r.row.name, r.ceiling.name, g, 100*a.res.Throughput/c.res.Throughput)
+			}
+		}
+	}
+}
+
+// report prints the targets and fails the run when one was missed.
+func report(checks []targetCheck) error {
+	fmt.Println("\ntargets (SPEC §9, issues 24 and 25):")
 	missed := 0
 	for _, c := range checks {
 		fmt.Printf("  %-8s %s\n", verdict(c.ok), c.what)
@@ -284,23 +358,35 @@ type targetCheck struct {
 
 // degradedDecisions reads extauthz_degraded_decisions_total from a
 // sidecar's admin endpoint; the no-op server has none.
-func degradedDecisions(t *target) (float64, error) {
-	if t.p.Admin == "" {
+func degradedDecisions(p *testredis.Proc) (float64, error) {
+	return sumCounter(p, "extauthz_degraded_decisions_total", nil)
+}
+
+// sumCounter sums a counter's series on a sidecar's /metrics whose labels
+// keep accepts (nil: every series); 0 for a server with no admin address.
+func sumCounter(p *testredis.Proc, name string, keep func(labels map[string]string) bool) (float64, error) {
+	if p.Admin == "" {
 		return 0, nil
 	}
-	resp, err := http.Get("http://" + t.p.Admin + "/metrics")
+	resp, err := http.Get("http://" + p.Admin + "/metrics")
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", t.name, err)
+		return 0, fmt.Errorf("%s: %w", p.Name, err)
 	}
 	defer resp.Body.Close()
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	mfs, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", t.name, err)
+		return 0, fmt.Errorf("%s: %w", p.Name, err)
 	}
 	var total float64
-	for _, m := range mfs["extauthz_degraded_decisions_total"].GetMetric() {
-		total += m.GetCounter().GetValue()
+	for _, m := range mfs[name].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if keep == nil || keep(labels) {
+			total += m.GetCounter().GetValue()
+		}
 	}
 	return total, nil
 }
@@ -313,13 +399,6 @@ func verdict(ok bool) string {
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%dµs", d.Microseconds()) }
-
-// median returns the round with the median throughput.
-func median(runs []loadgen.Result) loadgen.Result {
-	s := append([]loadgen.Result(nil), runs...)
-	sort.Slice(s, func(i, j int) bool { return s[i].Throughput < s[j].Throughput })
-	return s[len(s)/2]
-}
 
 // scriptCalls is the number of EVAL and EVALSHA calls Redis has served.
 func scriptCalls(ctx context.Context, rdb *redis.Client) int64 {

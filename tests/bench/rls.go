@@ -5,13 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"text/tabwriter"
-	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/extauthz/extauthz/tests/internal/loadgen"
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
@@ -22,9 +19,7 @@ import (
 //
 //   - hybrid, token_bucket: the algorithm hybrid mode leases slices of;
 //   - hybrid, fixed_window: the default, what envoyproxy/ratelimit users
-//     count with today; hybrid decides windows with one exact Redis call
-//     each (see internal/quota/redisstore/hybrid.go), so this row is
-//     redis mode's cost, shown, not a target;
+//     count with today;
 //   - hybrid, Redis down: the token_bucket sidecar's twin started against
 //     a port where no Redis listens: every decision falls back.
 
@@ -39,122 +34,103 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1000000000}
 `
 
-type rlsTarget struct {
-	name     string
-	addr     string
-	p        *testredis.Proc // nil for the ceiling, which main owns
-	alg      string          // the descriptor's value: which rate limit
-	degraded float64         // decisions made without Redis in measured rounds
-	errors   int             // gRPC errors and answers other than OK
-	runs     []loadgen.Result
+// rlsRequest asks for one descriptor of rlsDomain.
+func rlsRequest(value string) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "generic_key", Value: value}},
+	}}}
 }
 
-// measureRLS runs the rate limit service rows and returns the function
-// printing their table and their targets.
-func measureRLS(dir, bin, ceiling, redisAddr string, n, c, rounds int) (print func(), checks []targetCheck, err error) {
+// writeDomains writes rlsDomain into a directory of its own under dir.
+func writeDomains(dir string) (string, error) {
 	domains := filepath.Join(dir, "rls")
 	if err := os.MkdirAll(domains, 0o700); err != nil {
-		return nil, nil, err
+		return "", err
 	}
-	if err := os.WriteFile(filepath.Join(domains, "bench.yaml"), []byte(rlsDomain), 0o600); err != nil {
-		return nil, nil, err
+	return domains, os.WriteFile(filepath.Join(domains, "bench.yaml"), []byte(rlsDomain), 0o600)
+}
+
+// rlsRows are the measured rate limit service rows.
+type rlsRows struct {
+	targets []*target
+	rounds  int
+	n       int
+}
+
+// measureRLS starts the rows' sidecars and measures them; noop is the
+// ceiling's process (main's, left running).
+func measureRLS(b *bench, noop *testredis.Proc) (rlsRows, error) {
+	domains, err := writeDomains(b.dir)
+	if err != nil {
+		return rlsRows{}, err
 	}
 	deadPort, err := testredis.FreePort()
 	if err != nil {
-		return nil, nil, err
+		return rlsRows{}, err
 	}
 	cfg := func(redis string) string {
 		return fmt.Sprintf("listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0}\nredis: {addrs: [%s]}\ndefault_mode: hybrid\nrls: {domains: [%s]}\n", redis, domains)
 	}
-	targets := []*rlsTarget{{name: "rls no-op ceiling", addr: ceiling, alg: "token_bucket"}}
+	rows := rlsRows{targets: []*target{b.grpcTarget("rls no-op ceiling", noop, false, nil, rlsRequest("token_bucket"))}, rounds: b.o.rounds, n: b.o.n}
 	defer func() {
-		for _, t := range targets {
-			t.p.Stop()
+		for _, t := range rows.targets {
+			if t.owns {
+				t.p.Stop()
+			}
 		}
 	}()
 	for _, s := range []struct{ name, file, redis, alg string }{
-		{"rls hybrid, token_bucket", "rls-hybrid", redisAddr, "token_bucket"},
-		{"rls hybrid, fixed_window", "rls-fixed", redisAddr, "fixed_window"},
+		{"rls hybrid, token_bucket", "rls-hybrid", b.rds.Addr, "token_bucket"},
+		{"rls hybrid, fixed_window", "rls-fixed", b.rds.Addr, "fixed_window"},
 		{"rls hybrid, Redis down", "rls-down", fmt.Sprintf("127.0.0.1:%d", deadPort), "token_bucket"},
 	} {
-		p, err := startSidecar(dir, s.file, bin, cfg(s.redis))
+		p, err := startSidecar(b.dir, s.file, b.bin, cfg(s.redis))
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", s.name, err)
+			return rows, fmt.Errorf("%s: %w", s.name, err)
 		}
-		targets = append(targets, &rlsTarget{name: s.name, addr: p.Addr, p: p, alg: s.alg})
+		t := b.grpcTarget(s.name, p, s.redis == b.rds.Addr, nil, rlsRequest(s.alg))
+		t.owns = true
+		rows.targets = append(rows.targets, t)
 	}
-
-	drive := func(t *rlsTarget, n int) (loadgen.Result, error) {
-		req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "generic_key", Value: t.alg}},
-		}}}
-		return loadgen.Run(context.Background(), loadgen.Options{
-			Targets: []string{t.addr}, Requests: n, Concurrency: c, MaxDuration: 2 * time.Minute,
-			RateLimit: func(int) *rlsv3.RateLimitRequest { return req }, // read-only: safe to share
-		})
-	}
-	for _, t := range targets { // warm up; the Redis-down sidecar's breaker opens here
-		if _, err := drive(t, max(n/10, 2000)); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", t.name, err)
-		}
-	}
-	for r := 0; r < rounds; r++ {
-		for _, t := range targets {
-			d0, err := degradedAt(t)
-			if err != nil {
-				return nil, nil, err
-			}
-			res, err := drive(t, n)
-			if err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", t.name, err)
-			}
-			d1, err := degradedAt(t)
-			if err != nil {
-				return nil, nil, err
-			}
-			t.degraded += d1 - d0
-			t.errors += n - res.Statuses["200"] // gRPC errors included
-			t.runs = append(t.runs, res)
-		}
-	}
-
-	ceil := median(targets[0].runs)
-	m := map[string]loadgen.Result{}
-	print = func() {
-		fmt.Printf("\nEnvoy's rate limit service (ShouldRateLimit), one busy descriptor; %d requests per target per round, %d workers, %d interleaved rounds (median shown)\n\n", n, c, rounds)
-		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "target\tthroughput (calls/s)\tof ceiling\tp50\tp99\tp99 vs ceiling\tdegraded decisions\terrors\t")
-		for _, t := range targets {
-			r := median(t.runs)
-			fmt.Fprintf(tw, "%s\t%.0f\t%.0f%%\t%s\t%s\t%.2f×\t%.0f\t%d\t\n", t.name, r.Throughput, 100*r.Throughput/ceil.Throughput,
-				us(r.P50), us(r.P99), float64(r.P99)/float64(ceil.P99), t.degraded, t.errors)
-		}
-		tw.Flush()
-	}
-	for _, t := range targets {
-		m[t.name] = median(t.runs)
-	}
-	h, down := m["rls hybrid, token_bucket"], m["rls hybrid, Redis down"]
-	byName := map[string]*rlsTarget{}
-	for _, t := range targets {
-		byName[t.name] = t
-	}
-	checks = []targetCheck{
-		{fmt.Sprintf("rls hybrid ≥ 90%% of the rls ceiling on a busy descriptor (%.0f%%)", 100*h.Throughput/ceil.Throughput), h.Throughput >= 0.9*ceil.Throughput},
-		{"rls hybrid: no decision degraded, no error", byName["rls hybrid, token_bucket"].degraded == 0 && byName["rls hybrid, token_bucket"].errors == 0 &&
-			byName["rls hybrid, fixed_window"].degraded == 0 && byName["rls hybrid, fixed_window"].errors == 0},
-		{fmt.Sprintf("rls with Redis down: 0 errors (%d), every decision by the fallback", byName["rls hybrid, Redis down"].errors),
-			byName["rls hybrid, Redis down"].errors == 0 && byName["rls hybrid, Redis down"].degraded == float64(rounds*n)},
-		{fmt.Sprintf("rls with Redis down: p99 within 2× of the ceiling's (%.2f×)", float64(down.P99)/float64(ceil.P99)), float64(down.P99) <= 2*float64(ceil.P99)},
-	}
-	return print, checks, nil
+	// The warm-up opens the Redis-down sidecar's breaker.
+	return rows, measureRounds(context.Background(), rows.targets, b.rdb, b.o.n, b.o.rounds)
 }
 
-// degradedAt reads a sidecar's extauthz_degraded_decisions_total (0 for
-// the ceiling).
-func degradedAt(t *rlsTarget) (float64, error) {
-	if t.p == nil {
-		return 0, nil
+// print prints the rows' table and returns their targets.
+func (rows rlsRows) print(b *bench) []targetCheck {
+	fmt.Printf("\nEnvoy's rate limit service (ShouldRateLimit), one busy descriptor; %d requests per target per round and load generator, %d workers, %d interleaved rounds (median shown)\n\n", rows.n, b.o.c, rows.rounds)
+	printRows(rows.targets, func(*target) *target { return rows.targets[0] })
+	by := map[string]*target{}
+	for _, t := range rows.targets {
+		by[t.name] = t
 	}
-	return degradedDecisions(&target{name: t.name, p: t.p})
+	top, h := by["rls no-op ceiling"], by["rls hybrid, token_bucket"]
+	for _, g := range []string{byGhz, inProcess} {
+		if a, c := h.summary(g), top.summary(g); a.ok && c.ok {
+			fmt.Printf("  printed, not gated: rls hybrid, token_bucket / rls ceiling, %s: %.0f%% of the throughput\n", g, 100*a.res.Throughput/c.res.Throughput)
+		}
+	}
+	var bad float64
+	for _, name := range []string{"rls hybrid, token_bucket", "rls hybrid, fixed_window"} {
+		for g := range by[name].samples {
+			s := by[name].summary(g)
+			bad += s.degraded + float64(s.errors)
+		}
+	}
+	down, downTop := by["rls hybrid, Redis down"].summary(inProcess), top.summary(inProcess)
+	var downAll, downDegraded float64
+	var downErrors int
+	for g := range by["rls hybrid, Redis down"].samples {
+		s := by["rls hybrid, Redis down"].summary(g)
+		downAll += float64(s.decided)
+		downDegraded += s.degraded
+		downErrors += s.errors
+	}
+	return []targetCheck{
+		{"rls hybrid: no decision degraded, no error", bad == 0},
+		{fmt.Sprintf("rls with Redis down: 0 errors (%d), every decision by the fallback (%.0f of %.0f)", downErrors, downDegraded, downAll),
+			downErrors == 0 && downDegraded == downAll},
+		{fmt.Sprintf("rls with Redis down: p99 within 2× of the ceiling's, in-process generator (%.2f×)", float64(down.res.P99)/float64(downTop.res.P99)),
+			float64(down.res.P99) <= 2*float64(downTop.res.P99)},
+	}
 }

@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,13 +53,24 @@ func main() {
 	memoryKeys := flag.Int("memory-keys", 10_000, "buckets created to measure memory per key")
 	legacy := flag.Bool("legacy", true, "also run the largest fleet on standalone Redis with go-redis's default pools, as before redis.pool_size")
 	redisArgs := flag.String("redis-args", "", "further redis-server arguments, space-separated (such as \"--tcp-backlog 4096\")")
+	cpuProfile := flag.String("cpuprofile", "", "write the driver's CPU profile (every run) to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "benchfleet:", err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	// go-redis logs every failed dial; a fleet of a thousand on a loaded
 	// machine fails thousands, which the table counts as failed calls and
 	// degraded decisions. Counted here, not printed one by one.
 	redis.SetLogger(&redisLog)
 	if err := run(*replicas, *topologies, *modes, *rate, *keys, *zipf, *limit, *measure, *memoryKeys, *legacy, strings.Fields(*redisArgs)); err != nil {
 		fmt.Fprintln(os.Stderr, "benchfleet:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -192,7 +204,7 @@ func checkTargets(rows []row) []string {
 		masters := int64(len(res.Options.Masters))
 		name := fmt.Sprintf("%s, %d sidecars, %s", r.topology, n, res.Options.Mode)
 		if res.Degraded > 0 {
-			missed = append(missed, fmt.Sprintf("%s: %d decisions degraded", name, res.Degraded))
+			missed = append(missed, fmt.Sprintf("%s: %d decisions degraded%s", name, res.Degraded, machineBound(res)))
 		}
 		// A decision connection per master, and a probe connection per
 		// master once the breaker has had a suspicion.
@@ -218,6 +230,22 @@ func checkTargets(rows []row) []string {
 	return missed
 }
 
+// machineBound says, from the row's own measurements, when a degraded row
+// measured the machine rather than Redis: every core busy (neighbours
+// included) and the driver's goroutines waiting longer for a CPU than a
+// Redis call may take. Such a row still counts as missed: it was not
+// measured. (docs/capacity.md: on two cores, a thousand simulated Cluster
+// sidecars tip into this, and the client's redials, probes and slot-map
+// reloads keep them there.)
+func machineBound(res fleet.Result) string {
+	e := res.Evidence
+	if e.MachineCPU < 0.95*float64(runtime.NumCPU()) || e.SchedP99 < redisstore.DefaultTimeout {
+		return ""
+	}
+	return fmt.Sprintf(" (not a measurement of Redis: the machine was busy %.0f%% of %d cores, driver %.0f%%, Redis %.0f%%, and the driver's goroutines waited up to %s (p99) for a CPU, longer than a call's %s timeout; %d connections dialled, %d breakers opened)",
+		100*e.MachineCPU, runtime.NumCPU(), 100*res.DriverCPU, 100*res.CPU, ms(e.SchedP99), redisstore.DefaultTimeout, e.Dials, e.BreakerOpened)
+}
+
 func printTable(rows []row) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "redis\tsidecars\tmode\tdecisions/s\tdegraded\tfailed calls\tcalls/decision\tcall p50\tcall p99\tscript calls/s\tcommands/s\tRedis CPU\tbusiest master\tCPU µs/decision\tconns idle\tconns loaded\tconns/sidecar\theartbeats/s\theartbeat-master CPU\tB/key\tdriver CPU\t")
@@ -238,6 +266,7 @@ func printTable(rows []row) {
 			res.ClientsIdle, res.Clients, float64(res.Clients)/float64(n), res.HeartbeatsPerSec, 100*res.HeartbeatCPU, res.MemoryPerKey, 100*res.DriverCPU)
 	}
 	tw.Flush()
+	printEvidence(rows)
 	fmt.Printf(`
 calls/decision: every Redis call the sidecars made (decisions, heartbeats, returns) ÷ decisions.
 Redis CPU: INFO used_cpu_sys + used_cpu_user over the measured load, all masters; CPU µs/decision
@@ -247,6 +276,35 @@ buckets created (10 an hour, one decision each), all overheads included. failed 
 that timed out or failed, probes left out. driver CPU: this process (every simulated sidecar) over
 the measured load, 100%% a core, of %d CPUs.
 `, runtime.NumCPU())
+}
+
+// printEvidence prints, per row, what settles whether a degraded row
+// measured the machine or the client: the whole machine's CPU beside the
+// driver's and Redis's, the connections dialled while measuring, the
+// breakers' confirmation probes and their verdicts.
+func printEvidence(rows []row) {
+	fmt.Printf("\nmachine and breakers over the measured load (%d CPUs):\n\n", runtime.NumCPU())
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "redis\tsidecars\tmode\tdegraded\tcall p50\tcall p99\tdriver sched wait p50\tp99\tmachine CPU\tdriver CPU\tRedis CPU\tdials\tprobe conns\tdecision conns\tconfirmations\tbreakers opened\t")
+	for _, r := range rows {
+		res, e := r.res, r.res.Evidence
+		name := r.topology
+		if r.legacy {
+			name += " (go-redis default pools)"
+		}
+		var confirms []string
+		for _, k := range []string{"ok", "timeout", "error", "inconclusive"} {
+			if n := e.Confirms[k]; n > 0 {
+				confirms = append(confirms, fmt.Sprintf("%s %d", k, n))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%.0f%%\t%d\t%d\t%d\t%s\t%d\t\n", name, res.Options.Replicas, res.Options.Mode, res.Degraded,
+			ms(res.CallP50), ms(res.CallP99), ms(e.SchedP50), ms(e.SchedP99), 100*e.MachineCPU, 100*res.DriverCPU, 100*res.CPU, e.Dials, e.ProbeConns, e.DecisionConns, strings.Join(confirms, ", "), e.BreakerOpened)
+	}
+	tw.Flush()
+	fmt.Println("machine CPU: every process (/proc/stat), 100% a core; dials: connections the masters accepted (INFO total_connections_received);")
+	fmt.Println("conns by CLIENT SETNAME at the end of the load; confirmations: the breakers' probes on suspicion, by result;")
+	fmt.Println("driver sched wait: how long the driver's goroutines waited, runnable, for a CPU (runtime/metrics /sched/latencies).")
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/1e6) }

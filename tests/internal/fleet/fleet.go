@@ -106,6 +106,10 @@ type Result struct {
 	// driver, not on Redis.
 	DriverCPU float64
 
+	// Evidence is the machine's and the breakers' side of the measured
+	// phase (evidence.go).
+	Evidence Evidence
+
 	HeartbeatsPerSec float64 // the whole fleet, idle phase
 	HeartbeatCPU     float64 // cores on the master holding the heartbeat set, idle phase
 	IdleCommands     float64 // commands per second, all masters, idle phase
@@ -199,12 +203,14 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		stopLoad()
 		return res, err
 	}
+	ev := startEvidence(ctx, admins, m)
 	measuring.Store(true)
 	start, cpu0 := time.Now(), processCPU()
 	idleWait(ctx, o.Duration)
 	measuring.Store(false)
 	elapsed := time.Since(start)
 	res.DriverCPU = (processCPU() - cpu0) / elapsed.Seconds()
+	res.Evidence = ev.finish(ctx, admins, m, runtime.NumCPU())
 	snap1, err := snapshot(ctx, admins)
 	calls1, hist1, failed1 := callsOf(m), histogramOf(m), failedOf(m)
 	res.Goroutines = runtime.NumGoroutine()

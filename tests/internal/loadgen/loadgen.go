@@ -25,9 +25,12 @@ import (
 // Options describes one run.
 type Options struct {
 	Targets     []string      // gRPC addresses, host:port
-	Requests    int           // total requests
+	Requests    int           // total requests (ignored when Duration is set)
 	Concurrency int           // workers
 	MaxDuration time.Duration // stop early after this long (0: 2 minutes)
+	// Duration, when set, runs for this long instead of a count of
+	// requests: each worker stops once it has passed.
+	Duration time.Duration
 	// Request builds request i. It must be safe for concurrent use.
 	Request func(i int) *authv3.CheckRequest
 	// RateLimit, when set instead of Request, builds request i of Envoy's
@@ -56,11 +59,14 @@ type Result struct {
 
 // Run performs the run described by o.
 func Run(ctx context.Context, o Options) (Result, error) {
-	if o.Concurrency < 1 || o.Requests < 1 || len(o.Targets) == 0 || (o.Request == nil) == (o.RateLimit == nil) {
+	if o.Concurrency < 1 || (o.Requests < 1 && o.Duration <= 0) || len(o.Targets) == 0 || (o.Request == nil) == (o.RateLimit == nil) {
 		return Result{}, fmt.Errorf("loadgen: need targets, requests, concurrency and one request builder")
 	}
 	if o.MaxDuration <= 0 {
 		o.MaxDuration = 2 * time.Minute
+	}
+	if o.Duration > 0 {
+		o.MaxDuration = max(o.MaxDuration, o.Duration+time.Minute)
 	}
 	if o.ConnsPerTarget < 1 {
 		o.ConnsPerTarget = 1
@@ -86,32 +92,62 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.MaxDuration)
 	defer cancel()
 
-	samples := make([]sample, o.Requests)
+	var samples []sample
+	var elapsed time.Duration
+	if o.Duration > 0 {
+		samples, elapsed = runFor(ctx, o, clients)
+	} else {
+		samples = make([]sample, o.Requests)
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := 0; w < o.Concurrency; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for {
+					i := int(next.Add(1) - 1)
+					if i >= o.Requests || ctx.Err() != nil {
+						return
+					}
+					target := i % len(clients)
+					c := clients[target][w%o.ConnsPerTarget]
+					samples[i] = c.call(ctx, i, target)
+				}
+			}(w)
+		}
+		wg.Wait()
+		elapsed = time.Since(start)
+		if ctx.Err() != nil && int(next.Load()) < o.Requests {
+			return Result{}, fmt.Errorf("loadgen: run of %d requests did not finish within %v", o.Requests, o.MaxDuration)
+		}
+	}
+
+	return summarize(samples, len(o.Targets), elapsed), nil
+}
+
+// runFor runs o.Duration: request i goes to target i mod targets, as in
+// a counted run; each worker keeps its own samples.
+func runFor(ctx context.Context, o Options, clients [][]caller) ([]sample, time.Duration) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	per := make([][]sample, o.Concurrency)
 	start := time.Now()
+	deadline := start.Add(o.Duration)
 	for w := 0; w < o.Concurrency; w++ {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			for {
+			for ctx.Err() == nil && time.Now().Before(deadline) {
 				i := int(next.Add(1) - 1)
-				if i >= o.Requests || ctx.Err() != nil {
-					return
-				}
 				target := i % len(clients)
-				c := clients[target][w%o.ConnsPerTarget]
-				samples[i] = c.call(ctx, i, target)
+				per[w] = append(per[w], clients[target][w%o.ConnsPerTarget].call(ctx, i, target))
 			}
 		}(w)
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	if ctx.Err() != nil && int(next.Load()) < o.Requests {
-		return Result{}, fmt.Errorf("loadgen: run of %d requests did not finish within %v", o.Requests, o.MaxDuration)
-	}
-
-	return summarize(samples, len(o.Targets), elapsed), nil
+	return slices.Concat(per...), elapsed
 }
 
 // sample is one call's outcome.
