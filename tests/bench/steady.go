@@ -13,6 +13,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/extauthz/extauthz/internal/check"
+	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/tests/internal/loadgen"
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
@@ -30,9 +31,10 @@ import (
 // Redis), and under-use: every key is far from its limit, so every
 // decision denied is one that a single exact bucket would have allowed.
 
-// steadyWarmup is two lease lifetimes: the lease lifetime is the sidecar's
-// `local.lease_ttl`, 60s by default.
-const steadyWarmup = 2 * 60 * time.Second
+// steadyWarmup is two lease lifetimes at the shipped default of
+// `local.lease_ttl`: every key has then been seen by every replica, and
+// every lease has been renewed at least once.
+const steadyWarmup = 2 * config.DefaultLeaseTTL
 
 // steadyRow is one key distribution and its targets.
 type steadyRow struct {
