@@ -640,3 +640,79 @@ policies:
 		t.Errorf("no store transition in the log:\n%s", s.logs)
 	}
 }
+
+// A Redis call takes at most 90% of what is left of the caller's gRPC
+// deadline (README, "When Redis is unreachable"), and the decision keeps
+// the rest for answering, so that a Check whose deadline is shorter than
+// the call timeout is still answered, by on_redis_error, before its
+// deadline. Redis refuses nothing and answers reads (CLIENT PAUSE WRITE:
+// the breaker's probe, EXISTS, gets through) but holds every script, so
+// each call runs into its deadline and the breaker stays closed.
+//
+// At the defaults (a 150ms call timeout) with a 160ms deadline, a call
+// gets 144ms and 16ms are kept for answering: what a first call that ran
+// into its share leaves is not spent asking again. (A shorter deadline
+// leaves less than a loaded 2-core machine can spend descheduled.) The
+// scaled twin sets redis.timeout to 1s, so that a deadline of 500ms is
+// shorter than the call timeout: a call given all of it (or all that is
+// left) would leave the caller with DeadlineExceeded; 50ms are kept.
+func TestRedisCallKeepsInsideTheCallersDeadline(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		redis    string
+		timeout  time.Duration // the call timeout in effect
+		deadline time.Duration // the Check's
+	}{
+		{"defaults", "", defaultRedisTimeout, 160 * time.Millisecond},
+		{"scaled", "timeout: 1s, ", time.Second, 500 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) { testCallInsideDeadline(t, c.redis, c.timeout, c.deadline) })
+	}
+}
+
+func testCallInsideDeadline(t *testing.T, redisOpts string, timeout, deadline time.Duration) {
+	if deadline-deadline/10 >= timeout {
+		t.Fatalf("90%% of the deadline (%v) must be shorter than the call timeout (%v), or the caller's deadline decides nothing", deadline, timeout)
+	}
+	srv := testredis.Start(t)
+	// The binary built without the race detector, as users run it: the
+	// point is milliseconds.
+	s := startFastSidecar(t, fmt.Sprintf(`redis: {%saddrs: [%s]}
+default_mode: redis
+policies:
+  - {name: closed, key: [ip], limit: 1000000, window: 1s, on_redis_error: deny}
+`, redisOpts, srv.Addr))
+	req := perIPRequest(4)
+	// Warm: the script is loaded and the connections are open.
+	for i := 0; i < 20; i++ {
+		if st := httpStatus(s.check(req(i))); st != 200 {
+			t.Fatalf("with Redis up: status %d", st)
+		}
+	}
+	admin := srv.Client()
+	ctx := context.Background()
+	must(t, admin.Do(ctx, "CLIENT", "PAUSE", "20000", "WRITE").Err())
+	defer admin.Do(ctx, "CLIENT", "UNPAUSE")
+	var slowest time.Duration
+	for i := 0; i < 5; i++ {
+		cctx, cancel := context.WithTimeout(ctx, deadline)
+		start := time.Now()
+		resp, err := s.Client.Check(cctx, req(1000+i))
+		took := time.Since(start)
+		cancel()
+		slowest = max(slowest, took)
+		if err != nil {
+			t.Fatalf("Check %d with a %v deadline while Redis holds every script: %v after %v; want a decision before the deadline (a Redis call takes at most 90%% of what is left of it)", i, deadline, err, took.Round(time.Millisecond))
+		}
+		if st := httpStatus(resp); st != 503 {
+			t.Fatalf("Check %d while Redis holds every script: status %d; want 503, on_redis_error: deny", i, st)
+		}
+	}
+	t.Logf("5 Checks with a %v deadline, a %v call timeout, Redis holding every script: each a 503 by on_redis_error, the slowest in %v", deadline, timeout, slowest.Round(time.Millisecond))
+	if n := s.metric("extauthz_degraded_decisions_total", "policy", "closed", "action", "deny"); n != 5 {
+		t.Fatalf("%v decisions by on_redis_error: deny, want 5", n)
+	}
+	if n := s.metric("extauthz_redis_breaker_opened_total"); n != 0 {
+		t.Fatalf("the breaker opened %v times: Redis answered the probe, so the decisions were not an outage's", n)
+	}
+}
