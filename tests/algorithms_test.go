@@ -92,12 +92,58 @@ func testLeakyBucketShapes(t *testing.T, replicas []*sidecar, rdb *redis.Client)
 		shown = append(shown, gaps[k-1].Round(time.Millisecond).String())
 	}
 	t.Logf("%d OKs released at intervals %s; slowest OK %v (max_delay %v)", len(released), strings.Join(shown, " "), slowest.Round(time.Millisecond), maxDelay)
-	// The count: slots are one interval apart, the first no earlier than
-	// the run's start and the last no later than its release, so at most
-	// 1 + (last release − start)/interval were admitted; and the burst
-	// alone admits 1 + ⌊max_delay/interval⌋.
-	if most, least := 1+int(released[len(released)-1].Sub(start)/interval), 1+int(maxDelay/interval); counts[200] > most || counts[200] < least {
-		t.Fatalf("admitted %d; slots one per %v between the start and the last release allow %d to %d", counts[200], interval, least, most)
+	// The count. At most: slots are one interval apart, the first no
+	// earlier than the run's start and the last no later than its
+	// release, so 1 + (last release − start)/interval. At least: with s
+	// the next free slot, a request decided at d is admitted when
+	// max(s, d) ≤ d + max_delay, and s moves one interval on. After any
+	// decision at d′, s ≥ d′ + c with c = min(interval, max_delay) (an
+	// admit moved it past d′ by an interval; a denial found it past
+	// d′ + max_delay), so the next decision, at d, loses slot time
+	// (s < d) only by what its gap exceeds c: s = d₀ + admitted ×
+	// interval + lost, d₀ the first decision. A denial at d found
+	// s > d + max_delay, so by the last denial the bucket had admitted
+	// 1 + ⌊(d − d₀ + max_delay − lost)/interval⌋: the burst
+	// (1 + ⌊max_delay/interval⌋) and one per interval after it, less what
+	// gaps in the load lost. The first decision came no later than the
+	// first answer, the last denial no earlier than its request was sent.
+	// lost is bounded from the requests alone: each decision lies between
+	// its request's sending and its answer, so pairwise disjoint spans
+	// J₁ < J₂ < … (picked greedily by earliest answer) each hold one, and
+	// a stretch with no decision lies within some (sent(Jₘ), back(Jₘ₊₁)):
+	// lost ≤ Σ (back(Jₘ₊₁) − sent(Jₘ) − c)⁺. An implementation that admits
+	// the burst and then nothing falls below the bound.
+	type span struct{ sent, back time.Time }
+	spans := make([]span, len(results))
+	firstBack := results[0].done
+	var lastDenied time.Time
+	for i, r := range results {
+		spans[i] = span{r.done.Add(-r.latency), r.done}
+		if r.done.Before(firstBack) {
+			firstBack = r.done
+		}
+		if r.err == nil && httpStatus(r.resp) == 429 && spans[i].sent.After(lastDenied) {
+			lastDenied = spans[i].sent
+		}
+	}
+	slices.SortFunc(spans, func(a, b span) int { return a.back.Compare(b.back) })
+	var disjoint []span
+	for _, sp := range spans {
+		if len(disjoint) == 0 || sp.sent.After(disjoint[len(disjoint)-1].back) {
+			disjoint = append(disjoint, sp)
+		}
+	}
+	c := min(interval, maxDelay)
+	var lost time.Duration
+	for m := 0; m+1 < len(disjoint) && disjoint[m].sent.Before(lastDenied); m++ {
+		lost += max(disjoint[m+1].back.Sub(disjoint[m].sent)-c, 0)
+	}
+	most := 1 + int(released[len(released)-1].Sub(start)/interval)
+	least := 1 + int(max(lastDenied.Sub(firstBack)+maxDelay-lost, 0)/interval)
+	t.Logf("admitted %d; one slot per %v from the first decision to the last allows %d to %d (first answer %v after the start, last denial sent %v after it, at most %v lost to gaps in the load)",
+		counts[200], interval, least, most, firstBack.Sub(start).Round(time.Millisecond), lastDenied.Sub(start).Round(time.Millisecond), lost.Round(time.Millisecond))
+	if counts[200] > most || counts[200] < least {
+		t.Fatalf("admitted %d; a burst of %d then one slot per %v between the first decision and the last allow %d to %d", counts[200], 1+int(maxDelay/interval), interval, least, most)
 	}
 	// Held requests leave one slot apart; unshaped, they would all leave
 	// at once. Timers never fire early, but each answer also carries its

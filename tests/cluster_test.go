@@ -127,10 +127,12 @@ func slotOwner(t *testing.T, c *testredis.Cluster, slot int64) int {
 
 // migrateSlot moves one slot and its keys from master src to master dst,
 // the way redis-cli --cluster reshard does: IMPORTING/MIGRATING, MIGRATE
-// each key, then assign the slot everywhere.
+// each key, then assign the slot everywhere. The whole move has 30s and
+// 100 rounds of 100 keys: the tests' slots hold a few keys.
 func migrateSlot(t *testing.T, c *testredis.Cluster, slot, src, dst int) {
 	t.Helper()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	sc, dc := c.Masters[src].Client(), c.Masters[dst].Client()
 	srcID, err := sc.ClusterMyID(ctx).Result()
 	must(t, err)
@@ -139,7 +141,10 @@ func migrateSlot(t *testing.T, c *testredis.Cluster, slot, src, dst int) {
 	must(t, dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
 	must(t, sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
 	host, port, _ := strings.Cut(c.Masters[dst].Addr, ":")
-	for {
+	for round := 0; ; round++ {
+		if round == 100 {
+			t.Fatalf("slot %d still holds keys after 100 rounds of MIGRATE", slot)
+		}
 		keys, err := sc.ClusterGetKeysInSlot(ctx, slot, 100).Result()
 		must(t, err)
 		if len(keys) == 0 {

@@ -241,8 +241,8 @@ policies:
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				if r, _ := srv.Check(ctx, req); r.GetStatus().GetCode() != 0 {
-					b.Fatal("denied")
+				if r, err := srv.Check(ctx, req); err != nil || r.GetStatus().GetCode() != 0 || r.GetOkResponse() == nil {
+					b.Fatalf("want an allow (status OK with an OkResponse): %v, %v", r, err)
 				}
 			}
 		})

@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -767,21 +767,24 @@ func TestEnvoyBootstraps(t *testing.T) {
 }
 
 // TestEnvoyImageMatchesAPI checks that the Envoy image the manifests run is
-// the release whose API these tests validate against: go-control-plane's
-// envoy module is versioned with Envoy.
+// the release whose API the sidecar speaks and these tests validate
+// against: go-control-plane's envoy module is versioned with Envoy. The
+// version is the one each module's go.mod selects, as `go list -m` reports
+// it (a test binary carries no dependency list in its build info): the
+// product's module (the protos the sidecar is built with) and this one
+// (the protos the configs are validated with) must agree, and every Envoy
+// image must be a release of that minor version.
 func TestEnvoyImageMatchesAPI(t *testing.T) {
-	api := ""
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, d := range bi.Deps {
-			if d.Path == "github.com/envoyproxy/go-control-plane/envoy" {
-				api = d.Version
-			}
-		}
+	root := repoRoot(t)
+	product := envoyAPIVersion(t, root)
+	here := envoyAPIVersion(t, ".")
+	if product != here {
+		t.Errorf("go-control-plane/envoy is %s in go.mod and %s in tests/deploy/go.mod: the configs are validated against another API than the sidecar speaks", product, here)
 	}
-	if api == "" {
-		t.Skip("no build info for go-control-plane/envoy")
+	minor := regexp.MustCompile(`^v\d+\.\d+`).FindString(product)
+	if minor == "" {
+		t.Fatalf("go-control-plane/envoy version %q: want vMAJOR.MINOR...", product)
 	}
-	minor := regexp.MustCompile(`^v\d+\.\d+`).FindString(api)
 	images := envoyImages(t)
 	if len(images) == 0 {
 		t.Fatal("no envoyproxy/envoy image in k8s/")
@@ -789,9 +792,31 @@ func TestEnvoyImageMatchesAPI(t *testing.T) {
 	for _, img := range images {
 		tag := img[strings.LastIndex(img, ":")+1:]
 		if !strings.HasPrefix(tag, minor+".") && tag != minor+"-latest" {
-			t.Errorf("image %s: the tests validate Envoy configs against API %s; use an %s.x image or move tests/deploy/go.mod", img, api, minor)
+			t.Errorf("image %s: the sidecar speaks and the tests validate Envoy API %s; use an %s.x image or move go.mod and tests/deploy/go.mod", img, product, minor)
 		}
 	}
+}
+
+// envoyAPIVersion is the version of go-control-plane's envoy module that
+// the module in dir selects.
+func envoyAPIVersion(t *testing.T, dir string) string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "github.com/envoyproxy/go-control-plane/envoy")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("go list -m in %s: %v\n%s", dir, err, stderr)
+	}
+	v := strings.TrimSpace(string(out))
+	if v == "" {
+		t.Fatalf("go list -m in %s: no version for go-control-plane/envoy", dir)
+	}
+	return v
 }
 
 func readFile(t testing.TB, path string) []byte {

@@ -49,7 +49,11 @@ func BenchmarkLocalTake(b *testing.B) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			lim.Take(ctx, "orders:client:ada", l, 1, now)
+			// Far from its limit (2^40 a second), every take is allowed.
+			if d, err := lim.Take(ctx, "orders:client:ada", l, 1, now); err != nil || !d.Allowed {
+				b.Errorf("take far from the limit: %+v, %v; want allowed", d, err)
+				return
+			}
 		}
 	})
 }
@@ -69,7 +73,9 @@ func BenchmarkLocalAlgorithms(b *testing.B) {
 				// its 100,000 and a leaky bucket (a slot per 36ms)
 				// keeps admitting.
 				now = now.Add(40 * time.Millisecond)
-				lim.Take(ctx, "orders:client:ada", l, 1, now)
+				if d, err := lim.Take(ctx, "orders:client:ada", l, 1, now); err != nil || !d.Allowed {
+					b.Fatalf("take 40ms after the last, far from the limit: %+v, %v; want allowed", d, err)
+				}
 			}
 		})
 	}

@@ -85,9 +85,20 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		// ask once more, within what is left of the caller's deadline:
 		// a slow moment should not cost a decision made without Redis.
 		// (A call that ran and is asked again spends twice: the replicas
-		// then admit less, never more.)
-		if down = r.breaker.AwaitVerdict(ctx, key); !down && ctx.Err() == nil {
-			if d, err2 := r.primary.Take(ctx, key, l, n, now); err2 == nil {
+		// then admit less, never more.) The wait and the second call
+		// keep, as each call does (Store.timeout), a tenth of what was
+		// left of the caller's deadline when the decision began, so that
+		// the decision, by on_redis_error if it comes to that, arrives
+		// before the deadline: after a first call that ran into its
+		// share of the deadline, nothing is asked again.
+		wctx := ctx
+		if dl, ok := ctx.Deadline(); ok {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithDeadline(ctx, dl.Add(-max(dl.Sub(now), 0)/10))
+			defer cancel()
+		}
+		if down = r.breaker.AwaitVerdict(wctx, key); !down && wctx.Err() == nil {
+			if d, err2 := r.primary.Take(wctx, key, l, n, now); err2 == nil {
 				return d, nil
 			} else if errors.Is(err2, ErrStoreDown) {
 				down = true
