@@ -46,6 +46,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/check"
+	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/tests/internal/loadgen"
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
@@ -66,7 +67,10 @@ func main() {
 	flag.IntVar(&o.keys, "keys", 100000, "distinct keys for the memory measurement")
 	flag.BoolVar(&o.dists, "distributions", true, "also measure the key distributions in steady state over three replicas per mode")
 	flag.DurationVar(&o.warmup, "warmup", steadyWarmup, "the key distributions' warm-up before measuring: two lease lifetimes by default (shorten only for a smoke run)")
-	flag.DurationVar(&o.measure, "measure", 10*time.Second, "the key distributions' measured load per row")
+	// One lease life: the keys' first leases are granted together in the
+	// warm-up, so their renewals come in waves a lease life apart, and a
+	// shorter window lands on a wave or between two.
+	flag.DurationVar(&o.measure, "measure", config.DefaultLeaseTTL, "the key distributions' measured load per row: one lease life by default")
 	flag.BoolVar(&o.steadyOnly, "steady-only", false, "only the key distributions in steady state")
 	flag.BoolVar(&o.compare, "compare", false, "only the comparison with envoyproxy/ratelimit (make bench-compare)")
 	flag.Parse()
