@@ -131,13 +131,13 @@ type breaker struct {
 
 	// whole is the breaker of a standalone server, and of a Cluster
 	// whose slot map is unknown; nodes, a Cluster's masters by address.
-	whole     *node
-	nodesMu   sync.RWMutex
-	nodes     map[string]*node
+	whole   *node
+	nodesMu sync.RWMutex
+	nodes   map[string]*node
 	// listed is nodes as a slice, replaced (never changed) under nodesMu
 	// whenever nodes changes, so the watch's tick walks it without
 	// copying or locking: a fleet of many stores ticks 40 times a second.
-	listed atomic.Pointer[[]*node]
+	listed    atomic.Pointer[[]*node]
 	downNodes atomic.Int64
 
 	// closed: the store is closing; nothing is marked down from now on.
