@@ -16,7 +16,7 @@ import (
 // The tests in this file run what users run: the shipped defaults (no
 // redis.timeout, no slice_idle, no fallback section), replicas started one
 // after another and loaded at once, as a Kubernetes rollout does, with no
-// waiting for them to see each other. Every exactness claim of the README
+// waiting for them to see each other. Every exactness claim of docs/modes.md
 // has its twin here.
 
 // defaultsConfig is a configuration with only what a user must write: the

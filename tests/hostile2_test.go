@@ -326,7 +326,7 @@ policies:
 	// forgotten, a fresh 2. Evicted and remembered, his bucket starts
 	// empty from the eviction and refills 2 an hour: none in the
 	// seconds since. So 0 is both the proof that the scan evicted him
-	// and the claim (README, "An evicted key that comes back while its
+	// and the claim (docs/modes.md, "An evicted key that comes back while its
 	// eviction is remembered starts empty from that instant").
 	if bob != 0 {
 		t.Fatalf("bob, seen once before a scan of 70 one-off keys through a 64-key table, was admitted %d more times; want 0: evicted, and back to a bucket empty from the eviction (1 means he was never evicted, 2 that the eviction was forgotten)", bob)
