@@ -48,8 +48,8 @@ policies:
 
 var countingAlgorithms = []string{"token_bucket", "sliding_window", "fixed_window", "sliding_log"}
 
-// seedBurst is the seed scenario of the issue that found the defaults
-// wanting: 600 requests, 60 at a time, round robin over the replicas.
+// seedBurst is the seed scenario the shipped defaults are held to: 600
+// requests, 60 at a time, round robin over the replicas.
 const seedBurst, seedConcurrency = 600, 60
 
 // assertSeedExact runs the seed burst for one algorithm and checks that the

@@ -54,7 +54,7 @@ policies:
   - {name: o, match: {path_prefix: /o}, key: ["header:x-user"], limit: %[1]d, window: 1m, burst: %[2]d}
 `, failoverLimit, failoverBurst)
 
-// startFailoverCluster starts the issue's cluster. Every node runs with
+// startFailoverCluster starts the cluster above. Every node runs with
 // cluster-require-full-coverage no, Redis's setting for a store that
 // prefers serving most keys to serving none (docs/modes.md): with Redis's
 // default (yes) every master refuses every key with CLUSTERDOWN from the
