@@ -27,9 +27,10 @@ test: redis-server nginx lint test-deploy test-caddy fuzz
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 # The fast lane: the product packages' own tests, in seconds, with no Redis
-# and no binary to build (everything that needs them lives under tests/).
+# and no binary to build (everything that needs them lives under tests/),
+# and docs/'s check that every relative link and anchor resolves.
 test-unit:
-	$(GO) test -count=1 ./cmd/... ./internal/...
+	$(GO) test -count=1 ./cmd/... ./internal/... ./docs
 
 # Every native fuzz target under internal/, each for FUZZTIME (go test
 # takes one -fuzz target per run). Failing inputs land in the package's

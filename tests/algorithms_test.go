@@ -160,7 +160,7 @@ func testLeakyBucketShapes(t *testing.T, replicas []*sidecar, rdb *redis.Client)
 	// A held OK spends its Redis call and its hold (at most max_delay). A
 	// call that times out (a slow moment of a loaded machine) waits for
 	// the breaker's verdict (at most the probe's timeout) and is asked
-	// once more (README, "When Redis is unreachable"): at most two call
+	// once more (docs/modes.md, "When Redis is unreachable"): at most two call
 	// timeouts and a probe's.
 	if bound := 2*config.DefaultTimeout + redisstore.DefaultProbeTimeout + maxDelay; slowest > bound {
 		t.Fatalf("an OK took %v; two Redis calls, the breaker's probe and a hold take at most %v", slowest, bound)

@@ -16,7 +16,7 @@ import (
 // The tests in this file run what users run: the shipped defaults (no
 // redis.timeout, no slice_idle, no fallback section), replicas started one
 // after another and loaded at once, as a Kubernetes rollout does, with no
-// waiting for them to see each other. Every exactness claim of the README
+// waiting for them to see each other. Every exactness claim of docs/modes.md
 // has its twin here.
 
 // defaultsConfig is a configuration with only what a user must write: the
@@ -48,8 +48,8 @@ policies:
 
 var countingAlgorithms = []string{"token_bucket", "sliding_window", "fixed_window", "sliding_log"}
 
-// seedBurst is the seed scenario of the issue that found the defaults
-// wanting: 600 requests, 60 at a time, round robin over the replicas.
+// seedBurst is the seed scenario the shipped defaults are held to: 600
+// requests, 60 at a time, round robin over the replicas.
 const seedBurst, seedConcurrency = 600, 60
 
 // assertSeedExact runs the seed burst for one algorithm and checks that the

@@ -24,7 +24,7 @@ import (
 // keys of 100 per minute (burst 100) under 32 concurrent Checks for 8s,
 // and one master killed (SIGKILL) 2s in.
 //
-// The claims (README, "Redis Cluster: one master at a time"):
+// The claims (docs/modes.md, "Redis Cluster: one master at a time"):
 //   - only the keys whose slots the dead master served fall back; keys on
 //     the other masters are decided by Redis throughout;
 //   - each master's breaker opens at most once: the dead master's, once;
@@ -54,9 +54,9 @@ policies:
   - {name: o, match: {path_prefix: /o}, key: ["header:x-user"], limit: %[1]d, window: 1m, burst: %[2]d}
 `, failoverLimit, failoverBurst)
 
-// startFailoverCluster starts the issue's cluster. Every node runs with
+// startFailoverCluster starts the cluster above. Every node runs with
 // cluster-require-full-coverage no, Redis's setting for a store that
-// prefers serving most keys to serving none (README): with Redis's
+// prefers serving most keys to serving none (docs/modes.md): with Redis's
 // default (yes) every master refuses every key with CLUSTERDOWN from the
 // moment the others agree a master failed until its replica is promoted
 // (0.8s measured here), and every key falls back for that long.
@@ -196,7 +196,7 @@ func testClusterFailover(t *testing.T, mode string) {
 	if back := r.returned - r.promoted; back > time.Second {
 		t.Errorf("the killed master's keys fell back until %v after the promotion; want within 1s", back)
 	}
-	// Within 2% of exact buckets (README), per key set: the keys whose
+	// Within 2% of exact buckets (docs/modes.md), per key set: the keys whose
 	// master failed, which alone fell back, against their own exact
 	// buckets (over all 100 keys, the two thirds that never fell back
 	// would dilute their error by three), and the keys elsewhere, which

@@ -23,7 +23,7 @@ import (
 )
 
 // volumeRequests is how many distinct unknown API keys, and distinct
-// client IPs, the memory tests send: the million the issue asks for.
+// client IPs, the memory tests send: a million.
 // Measured on this 2-core machine with tests/loadgen against the race-free
 // binary (the two processes share the cores, other work ran alongside):
 // 14,900-18,700 Checks/s, so each volume test takes 55-70 s. Lowering it

@@ -118,8 +118,8 @@ func TestUnknownAPIKeysAre401AndLeaveNoState(t *testing.T) {
 	}
 }
 
-// The cache bound under a flood of distinct client IPs (issue 2's 100,000
-// against max_keys 10000) is tested at a million in hostile_test.go:
+// The cache bound under a flood of distinct client IPs (100,000 against
+// max_keys 10000) is tested at a million in hostile_test.go:
 // TestMillionDistinctIPsKeepCacheAtItsBound.
 
 func TestMalformedAndEmptyRequests(t *testing.T) {

@@ -205,7 +205,7 @@ func runOracle(t *testing.T, replicas []*sidecar, pick func(n int64, since time.
 	if wronglyAllowed != 0 {
 		t.Fatalf("%d requests wrongly allowed", wronglyAllowed)
 	}
-	// The README's figure: 0 wrongly allowed, at most 0.1% wrongly limited.
+	// docs/modes.md's figure: 0 wrongly allowed, at most 0.1% wrongly limited.
 	if share > 0.1 {
 		t.Fatalf("%.2f%% of what an exact limiter admits was wrongly limited; want at most 0.1%%", share)
 	}

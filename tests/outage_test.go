@@ -110,7 +110,7 @@ func (b *background) halt() []sample {
 
 // checkOutage asserts the guarantees of an outage: no gRPC errors, only the
 // statuses the policies allow, and decisions started after the store was
-// marked down answered without Redis (README: "afterwards no decision
+// marked down answered without Redis (docs/modes.md: "afterwards no decision
 // waits on Redis ..., every one under the 150 ms call timeout"): every
 // one under the Redis call timeout, which a decision that waited on a
 // frozen Redis would take at least, and the median and the 99th
@@ -642,7 +642,7 @@ policies:
 }
 
 // A Redis call takes at most 90% of what is left of the caller's gRPC
-// deadline (README, "When Redis is unreachable"), and the decision keeps
+// deadline (docs/modes.md, "When Redis is unreachable"), and the decision keeps
 // the rest for answering, so that a Check whose deadline is shorter than
 // the call timeout is still answered, by on_redis_error, before its
 // deadline. Redis refuses nothing and answers reads (CLIENT PAUSE WRITE:

@@ -152,7 +152,7 @@ func testReshardUnderLoad(t *testing.T, mode string) {
 	if degraded != 0 {
 		t.Errorf("%v decisions were made without Redis during the move", degraded)
 	}
-	// Exact totals (README, "Slots moved with redis-cli --cluster
+	// Exact totals (docs/modes.md, "Slots moved with redis-cli --cluster
 	// reshard under load are followed with no errors and exact totals"),
 	// key by key: every key admits what one exact bucket fed its
 	// arrivals admits. Every key is over its limit the whole run, so

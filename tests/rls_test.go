@@ -443,8 +443,8 @@ func TestRLSCommandLine(t *testing.T) {
 // per process, not per configuration: every name is a set of series kept
 // for the life of the process, so a reload must not open a fresh budget.
 // 1,500 values, a SIGHUP on the unchanged files, 1,500 more: still 1,000
-// names of their own (the rate limit's own name takes the rest), where
-// each reload used to allow 1,000 more.
+// names of their own (the rate limit's own name takes the rest), not
+// 1,000 more per reload, as a budget per configuration would allow.
 func TestRLSDetailedMetricNamesBoundedAcrossReloads(t *testing.T) {
 	section, _ := domainDir(t, map[string]string{"detailed.yaml": `
 domain: detailed
@@ -489,8 +489,8 @@ descriptors:
 
 // A *.yaml entry of a domains directory that cannot be followed (a
 // dangling symlink, a symlink loop) fails the reload and keeps the running
-// domains, as naming that file directly does: it used to be left out, and
-// the reload "succeeded" with its domain gone and unlimited.
+// domains, as naming that file directly does, rather than leaving it out
+// and "succeeding" with its domain gone and unlimited.
 func TestRLSUnreadableDomainEntryKeepsTheRunningConfig(t *testing.T) {
 	const limit = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"
 	section, dir := domainDir(t, map[string]string{"edge.yaml": limit})

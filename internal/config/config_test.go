@@ -207,7 +207,7 @@ func TestRLSSection(t *testing.T) {
 	}
 }
 
-// The shapes of issue 15's alias bombs: a policy of a thousand unknown
+// Two shapes of alias bomb: a policy of a thousand unknown
 // fields, and one of a thousand context entries, each aliased a thousand
 // times (about 20 KB). Every refused field and every map entry counts
 // toward the bound, and decoding stops once maxErrors are kept, so each

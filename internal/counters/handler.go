@@ -133,7 +133,7 @@ func (h *Handler) reset(w http.ResponseWriter, r *http.Request) {
 	h.Metrics.Resets.WithLabelValues("api").Inc()
 	if h.Log != nil {
 		// The partition key is not logged: it may hold an address or a
-		// claim (see the README's Logs).
+		// claim (see docs/operations.md, Logs).
 		h.Log.Info("counter reset through the admin API", "policy", policy, "remote", r.RemoteAddr)
 	}
 	out := Reset{Policy: policy, Key: key}

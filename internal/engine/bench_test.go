@@ -82,9 +82,9 @@ func BenchmarkDecideLocal(b *testing.B) {
 }
 
 // Matching a policy that uses none of the richer conditions allocates
-// nothing (README, "Matching a policy without these conditions costs what
-// it did before and allocates nothing"): every policy of benchConfig
-// against the request BenchmarkMatch measures.
+// nothing (docs/configuration.md, "Matching a policy without these
+// conditions costs what it did before and allocates nothing"): every
+// policy of benchConfig against the request BenchmarkMatch measures.
 func TestMatchAllocatesNothing(t *testing.T) {
 	cfg, err := config.Parse([]byte(benchConfig), "bench")
 	if err != nil {

@@ -28,8 +28,8 @@ import (
 //     have, had it stayed.
 //
 // An overflow shows as a first request denied or a wait of decades (a
-// burst of 200,000 at one a day once answered its first request with
-// Retry-After: 1166830474).
+// burst of 200,000 at one a day that overflows answers its first request
+// with Retry-After: 1166830474).
 func FuzzLimitArithmetic(f *testing.F) {
 	day := int64(24 * time.Hour)
 	for _, seed := range []struct {
@@ -38,7 +38,7 @@ func FuzzLimitArithmetic(f *testing.F) {
 		peers                                 int64
 		ops                                   []byte
 	}{
-		{0, 1, day, 200_000, 0, 0, 1, []byte{0, 0, 1, 2}},   // the configuration
+		{0, 1, day, 200_000, 0, 0, 1, []byte{0, 0, 1, 2}},   // the overflow above
 		{0, 1, day, 366, 0, 0, 2, []byte{0, 3, 0, 5, 1, 9}}, // the longest refill allowed
 		{0, 1 << 40, int64(time.Millisecond), 1 << 40, 0, 0, 3, []byte{0, 1, 2, 3, 4, 5}},
 		{0, 1 << 40, 366 * day, 1 << 40, 0, 0, 1000, []byte{0, 7, 0, 7, 3, 3}},

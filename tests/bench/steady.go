@@ -18,7 +18,7 @@ import (
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
-// The key distributions in steady state (issue 24, SPEC §9): how a real
+// The key distributions in steady state (SPEC §9): how a real
 // gateway's callers spread, each over three replicas sharing one Redis,
 // requests round robin over them. Hybrid's replicas warm up for two lease
 // lifetimes first, so that every key has been seen by every replica and

@@ -174,26 +174,26 @@ func containsFold(list []string, s string) bool {
 	return false
 }
 
-// The README's section per proxy shows its config with comments trimmed:
-// every line it shows must be a line of the shipped file (comments and
-// blanks aside), so the two cannot drift apart.
-func TestREADMEProxyConfigsAreTheShippedOnes(t *testing.T) {
-	readme := string(readFile(t, repoPath(t, "README.md")))
+// docs/http-door.md's section per proxy shows its config with comments
+// trimmed: every line it shows must be a line of the shipped file
+// (comments and blanks aside), so the two cannot drift apart.
+func TestDocumentedProxyConfigsAreTheShippedOnes(t *testing.T) {
+	doc := string(readFile(t, repoPath(t, "docs/http-door.md")))
 	for _, c := range []struct{ heading, fence, file string }{
-		{"### nginx `auth_request`", "```nginx", "proxies/nginx/extauthz.conf"},
-		{"### Caddy `forward_auth`", "```caddyfile", "proxies/caddy/Caddyfile"},
-		{"### Traefik `forwardAuth`", "```yaml", "proxies/traefik/dynamic.yml"},
-		{"### Envoy `http_service`", "```yaml", "envoy/envoy-http.yaml"},
+		{"## nginx `auth_request`", "```nginx", "proxies/nginx/extauthz.conf"},
+		{"## Caddy `forward_auth`", "```caddyfile", "proxies/caddy/Caddyfile"},
+		{"## Traefik `forwardAuth`", "```yaml", "proxies/traefik/dynamic.yml"},
+		{"## Envoy `http_service`", "```yaml", "envoy/envoy-http.yaml"},
 	} {
-		_, section, ok := strings.Cut(readme, "\n"+c.heading+"\n")
+		_, section, ok := strings.Cut(doc, "\n"+c.heading+"\n")
 		if !ok {
-			t.Errorf("README has no section %q", c.heading)
+			t.Errorf("docs/http-door.md has no section %q", c.heading)
 			continue
 		}
 		_, block, ok := strings.Cut(section, "\n"+c.fence+"\n")
 		block, _, closed := strings.Cut(block, "\n```\n")
 		if !ok || !closed {
-			t.Errorf("README section %q has no %s block", c.heading, c.fence)
+			t.Errorf("docs/http-door.md section %q has no %s block", c.heading, c.fence)
 			continue
 		}
 		shipped := map[string]bool{}
@@ -202,7 +202,7 @@ func TestREADMEProxyConfigsAreTheShippedOnes(t *testing.T) {
 		}
 		for _, line := range strings.Split(block, "\n") {
 			if l := configLine(line); l != "" && !shipped[l] {
-				t.Errorf("README %s shows %q, which %s lacks", c.heading, l, c.file)
+				t.Errorf("docs/http-door.md %s shows %q, which %s lacks", c.heading, l, c.file)
 			}
 		}
 	}

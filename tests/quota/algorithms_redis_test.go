@@ -64,7 +64,7 @@ func TestAlgorithmKeys(t *testing.T) {
 }
 
 // What a sliding log costs in Redis, per admitted request in the window.
-// The README quotes these figures.
+// docs/algorithms.md quotes these figures.
 func TestSlidingLogMemory(t *testing.T) {
 	clk := newClock()
 	store, rdb, _ := newTestStore(t, clk)
@@ -86,7 +86,7 @@ func TestSlidingLogMemory(t *testing.T) {
 		per := float64(bytes) / float64(n)
 		t.Logf("sliding_log in redis: %d entries take %d bytes, %.0f per entry", n, bytes, per)
 		if per > 150 {
-			t.Errorf("%.0f bytes per entry; the README promises under 150", per)
+			t.Errorf("%.0f bytes per entry; docs/algorithms.md promises under 150", per)
 		}
 	}
 }

@@ -21,7 +21,7 @@ func zone(t *testing.T, name string) *time.Location {
 	return loc
 }
 
-// calendarCases are the boundaries the issue names, each crossed by a run
+// calendarCases are the boundaries calendars get wrong, each crossed by a run
 // of requests: a DST change, a leap day, a month end; plus midnight
 // skipped and repeated by a DST change (Havana), and a Monday.
 var calendarCases = []struct {

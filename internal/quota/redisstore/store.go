@@ -354,9 +354,9 @@ func (s *Store) peersKey() string { return PeersKey(s.opts.Prefix) }
 
 // PeersKey is the replicas' heartbeat set under key prefix: "rl:_peers".
 // It is outside the policies' key space: a policy key always has '{' right
-// after the prefix (Store.key). (Until issue 15 it was "rl:{peers}", the
-// key of a policy named peers with no key parts: that policy's script then
-// met a sorted set and failed with WRONGTYPE, as did the heartbeat.)
+// after the prefix (Store.key). ("rl:{peers}" would be the key of a
+// policy named peers with no key parts: that policy's script would meet a
+// sorted set and fail with WRONGTYPE, as would the heartbeat.)
 func PeersKey(prefix string) string { return prefix + "_peers" }
 
 // intervalMicros formats l's refill interval in microseconds, keeping the

@@ -23,8 +23,8 @@ import (
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
-// The second round of hostile input (issue 15): each test is one way a
-// caller or a configuration bent a limit, run against the real binary.
+// Ways around a limit: each test is one way a caller or a configuration
+// could bend a limit (docs/security.md), run against the real binary.
 
 // A value over 128 bytes is keyed by a digest that no value sent verbatim
 // can spell: the digest's text as a header value is a bucket of its own.
@@ -43,7 +43,7 @@ policies:
 	if got := tenant(long); got != 429 {
 		t.Fatalf("the long value's second request: %d, want 429 (limit 1)", got)
 	}
-	// The digest as round one spelled it, and that text behind a '%'.
+	// The digest's text bare, and behind the '%' that marks a digest.
 	sum := sha256.Sum256([]byte(long))
 	for _, forged := range []string{"sha256." + hex.EncodeToString(sum[:16]), "%sha256." + hex.EncodeToString(sum[:16])} {
 		if got := tenant(forged); got != 200 {
@@ -110,11 +110,11 @@ func TestClientIDAlwaysRemovedWithoutAVerifiedClient(t *testing.T) {
 	}
 }
 
-// A policy named peers, with no key parts, has the Redis key rl:{peers}:
-// until issue 15 the replicas' heartbeat set, so its script and the
-// heartbeat met each other's type (WRONGTYPE) and decisions fell back.
-// Now the heartbeat lives outside the policies' key space: both work, and
-// Redis serves every decision.
+// A policy named peers, with no key parts, has the Redis key rl:{peers}.
+// Were the replicas' heartbeat set under that key, its script and the
+// heartbeat would meet each other's type (WRONGTYPE) and decisions would
+// fall back. The heartbeat lives outside the policies' key space
+// (rl:_peers): both work, and Redis serves every decision.
 func TestPolicyNamedPeersBreaksNothing(t *testing.T) {
 	srv := testredis.Start(t)
 	rdb := srv.Client()
@@ -201,9 +201,9 @@ policies:
 	}
 }
 
-// A YAML alias bomb of issue 15's shape (a policy of 2,400 unknown fields
-// aliased 2,400 times, 39 KB) is refused after a bounded number of steps:
-// validate exits 1 saying it stopped, where it once formatted millions of
+// A YAML alias bomb (a policy of 2,400 unknown fields aliased 2,400
+// times, 39 KB) is refused after a bounded number of steps: validate exits
+// 1 saying it stopped, where an unbounded decoder formats millions of
 // errors (18 s on this machine).
 func TestValidateRefusesAnAliasBomb(t *testing.T) {
 	const n = 2400
@@ -277,10 +277,10 @@ func TestSIGTERMDuringAStuckReloadDrainsPromptly(t *testing.T) {
 	}
 }
 
-// Issue 15's eviction scan: with a path-keyed policy beside a per-client
-// one, 70 anonymous requests to distinct paths pushed a 64-key table's
-// entry for ada out, and ada, limited to 2 an hour, got 2 more. Keys seen
-// once now wait in a quarter of the table, so the scan churns only that
+// An eviction scan: with a path-keyed policy beside a per-client one, 70
+// anonymous requests to distinct paths would push ada's entry out of a
+// plain 64-key LRU, and ada, limited to 2 an hour, would get 2 more. Keys
+// seen once wait in a quarter of the table, so the scan churns only that
 // quarter: ada, seen twice, stays. bob, seen once, is pushed out; when he
 // comes back the table remembers the eviction and his bucket starts empty
 // from it, so he gets no more than the one unit he had left (he gets none:
@@ -326,7 +326,7 @@ policies:
 	// forgotten, a fresh 2. Evicted and remembered, his bucket starts
 	// empty from the eviction and refills 2 an hour: none in the
 	// seconds since. So 0 is both the proof that the scan evicted him
-	// and the claim (README, "An evicted key that comes back while its
+	// and the claim (docs/modes.md, "An evicted key that comes back while its
 	// eviction is remembered starts empty from that instant").
 	if bob != 0 {
 		t.Fatalf("bob, seen once before a scan of 70 one-off keys through a 64-key table, was admitted %d more times; want 0: evicted, and back to a bucket empty from the eviction (1 means he was never evicted, 2 that the eviction was forgotten)", bob)
