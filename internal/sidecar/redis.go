@@ -1,4 +1,4 @@
-package main
+package sidecar
 
 import (
 	"context"
@@ -66,7 +66,7 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 		Name:     "extauthz",
 	}
 	if rc.TLS != nil {
-		tc, err := clientTLS(rc.TLS)
+		tc, err := ClientTLS(rc.TLS)
 		if err != nil {
 			return nil, err
 		}
