@@ -104,9 +104,9 @@ func New(cfg *config.Config, rc *rlsconfig.Config, f Options, log *slog.Logger) 
 		if err != nil {
 			return nil, err
 		}
-		tables["redis"] = s.redis.table
-		limiters[config.ModeRedis] = s.redis.redisMode
-		limiters[config.ModeHybrid] = s.redis.hybridMode
+		tables["redis"] = s.redis.Table
+		limiters[config.ModeRedis] = s.redis.Redis
+		limiters[config.ModeHybrid] = s.redis.Hybrid
 	}
 	metrics.Tables(reg, tables)
 	s.tracer, err = tracing.FromEnv(context.Background(), f.Version, log)
@@ -153,7 +153,7 @@ func New(cfg *config.Config, rc *rlsconfig.Config, f Options, log *slog.Logger) 
 	if s.redis != nil {
 		// Resets through another replica's API reach this one (and
 		// this one's reach them) over Redis pub/sub.
-		s.redis.resets = redisstore.NewResets(s.redis.clients.Client, cfg.Redis.KeyPrefix, s.redis.peers.ID(), s.counters.ForgetAnnounced, time.Second, log)
+		s.redis.resets = redisstore.NewResets(s.redis.clients.Client, cfg.Redis.KeyPrefix, s.redis.Peers.ID(), s.counters.ForgetAnnounced, time.Second, log)
 		s.counters.Publish = s.redis.resets.Publish
 	}
 	opts := check.ServerOptions()
