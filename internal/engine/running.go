@@ -34,12 +34,23 @@ func NewRunning(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Optio
 // Update compiles cfg and makes it the configuration in force. On error
 // the running configuration stays.
 func (r *Running) Update(cfg *config.Config) error {
-	e, err := Compile(cfg, r.limiters, r.metrics, r.opts...)
+	commit, err := r.Prepare(cfg)
 	if err != nil {
 		return err
 	}
-	r.current.Store(e)
+	commit()
 	return nil
+}
+
+// Prepare compiles cfg; commit makes it the configuration in force. A
+// reload prepares every door before committing any, so the doors change
+// configuration together or not at all.
+func (r *Running) Prepare(cfg *config.Config) (commit func(), err error) {
+	e, err := Compile(cfg, r.limiters, r.metrics, r.opts...)
+	if err != nil {
+		return nil, err
+	}
+	return func() { r.current.Store(e) }, nil
 }
 
 // Engine returns the Engine in force. Load it once per request.

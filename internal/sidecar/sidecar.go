@@ -69,16 +69,19 @@ type Sidecar struct {
 	health  *health.Server
 	admin   *http.Server
 	ready   atomic.Bool
-	redis   *redisParts     // nil without a redis section
 	tracer  *tracing.Tracer // nil unless OTEL_* turns tracing on
-	// The configuration watch, restarted when a reload names other
-	// domain files. watchMu guards both: reloads run on a goroutine of
-	// their own, and shutdown stops the watch from the main loop.
-	watchMu     sync.Mutex
-	watchStop   func()
-	watchReload func()
+	// closeStores releases what talks to Redis (nothing without a redis
+	// section), once the doors stopped.
+	closeStores func()
 	// counters is the counters API on the admin listener.
 	counters *counters.Handler
+
+	// Set by Start.
+	errc       chan error  // a server that stopped on its own
+	pending    chan string // a reload to run (one slot), by its trigger
+	reloadStop chan struct{}
+	watch      *watcher
+	addrs      addrs
 }
 
 // New wires the process for cfg and rc: it connects to Redis when cfg has
@@ -98,20 +101,28 @@ func New(cfg *config.Config, rc *rlsconfig.Config, f Options, log *slog.Logger) 
 	}
 	tables := map[string]metrics.TableStats{"counts": counts}
 	limiters := engine.Limiters{config.ModeLocal: local.New(counts)}
-	s := &Sidecar{flags: f, log: log, reg: reg, reloads: reloads, health: health.NewServer()}
+	s := &Sidecar{flags: f, log: log, reg: reg, reloads: reloads, health: health.NewServer(), closeStores: func() {}}
+	var stores *redisParts // nil without a redis section
 	if cfg.Redis != nil {
-		s.redis, err = connectRedis(cfg, counts, reg, log)
+		stores, err = connectRedis(cfg, counts, reg, log)
 		if err != nil {
 			return nil, err
 		}
-		tables["redis"] = s.redis.Table
-		limiters[config.ModeRedis] = s.redis.Redis
-		limiters[config.ModeHybrid] = s.redis.Hybrid
+		tables["redis"] = stores.Table
+		limiters[config.ModeRedis] = stores.Redis
+		limiters[config.ModeHybrid] = stores.Hybrid
+		s.closeStores = func() { stores.close(log) }
 	}
+	// From here on, a failure releases what talks to Redis.
+	built := false
+	defer func() {
+		if !built {
+			s.closeStores()
+		}
+	}()
 	metrics.Tables(reg, tables)
 	s.tracer, err = tracing.FromEnv(context.Background(), f.Version, log)
 	if err != nil {
-		s.redis.close(log)
 		return nil, err
 	}
 	// One engine's metrics for every door: decisions count by policy
@@ -120,12 +131,10 @@ func New(cfg *config.Config, rc *rlsconfig.Config, f Options, log *slog.Logger) 
 	m := engine.NewMetrics(reg)
 	s.running, err = engine.NewRunning(cfg, limiters, m, engine.WithWarnings(log))
 	if err != nil {
-		s.redis.close(log)
 		return nil, err
 	}
 	s.rls, err = rls.New(cfg, rc, limiters, m, rls.WithLog(log), rls.WithMetrics(rls.NewMetrics(reg)))
 	if err != nil {
-		s.redis.close(log)
 		return nil, err
 	}
 	srv := check.NewServer(s.running, check.WithDecisionLog(log, f.DecisionLogEvery), check.WithTracer(s.tracer))
@@ -150,17 +159,16 @@ func New(cfg *config.Config, rc *rlsconfig.Config, f Options, log *slog.Logger) 
 		Log:     log,
 		Metrics: counters.NewMetrics(reg),
 	}
-	if s.redis != nil {
+	if stores != nil {
 		// Resets through another replica's API reach this one (and
 		// this one's reach them) over Redis pub/sub.
-		s.redis.resets = redisstore.NewResets(s.redis.clients.Client, cfg.Redis.KeyPrefix, s.redis.Peers.ID(), s.counters.ForgetAnnounced, time.Second, log)
-		s.counters.Publish = s.redis.resets.Publish
+		stores.resets = redisstore.NewResets(stores.clients.Client, cfg.Redis.KeyPrefix, stores.Peers.ID(), s.counters.ForgetAnnounced, time.Second, log)
+		s.counters.Publish = stores.resets.Publish
 	}
 	opts := check.ServerOptions()
 	if cfg.Listen.TLS != nil {
 		tc, err := serverTLS(cfg.Listen.TLS)
 		if err != nil {
-			s.redis.close(log)
 			return nil, err
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
@@ -172,6 +180,7 @@ func New(cfg *config.Config, rc *rlsconfig.Config, f Options, log *slog.Logger) 
 	if cfg.Listen.Reflection {
 		reflection.Register(s.grpc)
 	}
+	built = true
 	return s, nil
 }
 
@@ -187,21 +196,50 @@ func listen(addr string) (net.Listener, error) {
 	return net.Listen("tcp", addr)
 }
 
-// Run listens, serves until SIGTERM or SIGINT (reloading on SIGHUP and
-// on a change to the configuration files) and shuts down. It returns the
-// process's exit code.
+// Run serves until SIGTERM or SIGINT, reloading on SIGHUP and on a change
+// to the configuration files, then shuts down (a second signal stops at
+// once). It returns the process's exit code.
 func (s *Sidecar) Run() (int, error) {
+	// Signals are caught before Start logs "serving": whoever waits for
+	// that line may signal at once.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	if err := s.Start(); err != nil {
+		return 1, err
+	}
+	for {
+		select {
+		case err := <-s.errc:
+			return 1, fmt.Errorf("server stopped: %w", err)
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				s.trigger("SIGHUP")
+				continue
+			}
+			s.log.Info("shutting down", "signal", sig.String())
+			now := make(chan struct{})
+			go func() { <-sigs; close(now) }()
+			return s.Shutdown(now), nil
+		}
+	}
+}
+
+// Start opens the listeners, serves on them, reports SERVING, starts
+// watching the configuration files and logs "serving". A server that
+// stops on its own afterwards is reported to Run.
+func (s *Sidecar) Start() error {
 	cfg := s.running.Config()
 	glis, err := listen(cfg.Listen.GRPC)
 	if err != nil {
-		return 1, fmt.Errorf("listen.grpc: %w", err)
+		return fmt.Errorf("listen.grpc: %w", err)
 	}
 	var hlis, alis net.Listener
 	if s.http != nil {
 		hlis, err = listen(cfg.Listen.HTTP)
 		if err != nil {
 			glis.Close()
-			return 1, fmt.Errorf("listen.http: %w", err)
+			return fmt.Errorf("listen.http: %w", err)
 		}
 	}
 	if cfg.Listen.Admin != "" {
@@ -211,16 +249,16 @@ func (s *Sidecar) Run() (int, error) {
 			if hlis != nil {
 				hlis.Close()
 			}
-			return 1, fmt.Errorf("listen.admin: %w", err)
+			return fmt.Errorf("listen.admin: %w", err)
 		}
 		s.admin = &http.Server{Handler: s.adminMux(), ReadHeaderTimeout: 5 * time.Second}
 	}
 
-	errc := make(chan error, 3)
-	go func() { errc <- s.grpc.Serve(glis) }()
+	s.errc = make(chan error, 3)
+	go func() { s.errc <- s.grpc.Serve(glis) }()
 	serveHTTP := func(srv *http.Server, lis net.Listener) {
 		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
-			errc <- err
+			s.errc <- err
 		}
 	}
 	if s.http != nil {
@@ -240,36 +278,28 @@ func (s *Sidecar) Run() (int, error) {
 	if hlis != nil {
 		httpAddr = hlis.Addr().String()
 	}
-	// Signals and the file watch are in place before "serving" is logged:
-	// whoever waits for that line may signal or edit at once.
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	defer signal.Stop(sigs)
-	// Reloads run one at a time on a goroutine of their own, never on this
-	// loop: reading and checking a file can take long (a slow volume, a
-	// hostile file, a FIFO nobody writes), and SIGTERM must always be
-	// answered at once. A trigger while one is pending is folded into it.
-	reloads := make(chan string, 1)
-	reloadStop := make(chan struct{})
-	defer close(reloadStop)
+	s.addrs = addrs{grpc: glis.Addr().String(), http: httpAddr, admin: adminAddr}
+	// Reloads run one at a time on a goroutine of their own, never on the
+	// signal loop: reading and checking a file can take long (a slow
+	// volume, a hostile file, a FIFO nobody writes), and SIGTERM must
+	// always be answered at once. A trigger while one is pending is folded
+	// into it.
+	s.pending = make(chan string, 1)
+	s.reloadStop = make(chan struct{})
 	go func() {
 		for {
 			select {
-			case why := <-reloads:
-				s.reload(why)
-			case <-reloadStop:
+			case why := <-s.pending:
+				s.Reload(why)
+			case <-s.reloadStop:
 				return
 			}
 		}
 	}()
-	trigger := func(why string) {
-		select {
-		case reloads <- why:
-		default: // one is pending already; it will read the files as they are then
-		}
-	}
-	s.watch(sourcesOf(cfg), loadedSum(cfg, s.rls.Config()), func() { trigger("file changed") })
-	defer s.stopWatch()
+	// The file watch is in place before "serving" is logged: whoever
+	// waits for that line may edit at once.
+	s.watch = newWatcher(s.log, func() { s.trigger("file changed") })
+	s.watch.watch(sourcesOf(cfg), loadedSum(cfg, s.rls.Config()))
 	redisAddrs := "none"
 	if cfg.Redis != nil {
 		redisAddrs = strings.Join(cfg.Redis.Addrs, ",")
@@ -278,30 +308,29 @@ func (s *Sidecar) Run() (int, error) {
 		"config", cfg.Source, "policies", len(cfg.Policies), "default_mode", string(cfg.DefaultMode),
 		"redis", redisAddrs, "client_keys", len(cfg.Clients.Keys), "max_keys", cfg.Local.MaxKeys,
 		"rls_domains", rlsDomains(s.rls.Config()), "version", s.flags.Version)
+	return nil
+}
 
-	for {
-		select {
-		case err := <-errc:
-			return 1, fmt.Errorf("server stopped: %w", err)
-		case sig := <-sigs:
-			if sig == syscall.SIGHUP {
-				trigger("SIGHUP")
-				continue
-			}
-			s.log.Info("shutting down", "signal", sig.String())
-			return s.shutdown(sigs), nil
-		}
+// addrs are the addresses Start listens on ("": that listener is off).
+type addrs struct{ grpc, http, admin string }
+
+// trigger asks the reload goroutine for a reload.
+func (s *Sidecar) trigger(why string) {
+	select {
+	case s.pending <- why:
+	default: // one is pending already; it will read the files as they are then
 	}
 }
 
-// reload re-reads the configuration file and the rate limit service's
+// Reload re-reads the configuration file and the rate limit service's
 // domain files. An invalid file keeps the running configuration of every
-// door. Reloads run one at a time, off the signal loop (run).
-func (s *Sidecar) reload(why string) {
+// door, and the error is logged, counted and returned. Run calls it one
+// at a time, off the signal loop.
+func (s *Sidecar) Reload(why string) error {
 	src := s.running.Config().Source
 	if src == config.EmbeddedSource {
 		s.log.Warn("reload ignored: serving the embedded default configuration, not a file")
-		return
+		return nil
 	}
 	s.log.Info("reloading configuration", "trigger", why, "config", src)
 	running := s.running.Config()
@@ -310,79 +339,46 @@ func (s *Sidecar) reload(why string) {
 	if err == nil {
 		rc, err = LoadRLS(cfg)
 	}
-	var commitRLS func()
 	if err == nil {
-		commitRLS, err = s.rls.Prepare(cfg, rc)
-	}
-	if err == nil {
-		// Check and the HTTP door swap now; the rate limit service, prepared
-		// above, only once they did, so every door changes or none does.
-		err = s.running.Update(cfg)
+		err = swap(
+			func() (func(), error) { return s.running.Prepare(cfg) }, // Check and the HTTP door
+			func() (func(), error) { return s.rls.Prepare(cfg, rc) },
+		)
 	}
 	if err != nil {
 		s.reloads.WithLabelValues("failure").Inc()
 		s.log.Error("reload failed; keeping the running configuration", "trigger", why, "error", err.Error())
-		return
+		return err
 	}
-	commitRLS()
 	warnRestartOnly(s.log, running, cfg)
 	for _, w := range append(cfg.Warnings, RLSWarnings(rc)...) {
 		s.log.Warn("config warning", "source", cfg.Source, "warning", w)
 	}
-	if !slices.Equal(running.RLS.Domains, cfg.RLS.Domains) {
+	if !slices.Equal(running.RLS.Domains, cfg.RLS.Domains) && s.watch != nil {
 		// Other domain files: watch them instead.
-		s.rewatch(sourcesOf(cfg), loadedSum(cfg, rc))
+		s.watch.watch(sourcesOf(cfg), loadedSum(cfg, rc))
 	}
 	s.reloads.WithLabelValues("success").Inc()
 	s.log.Info("configuration reloaded", "trigger", why, "config", src, "policies", len(cfg.Policies), "rls_domains", rlsDomains(rc))
+	return nil
 }
 
-// watch starts watching src for changes from digest, calling reload on
-// one. A watch that cannot start is logged: SIGHUP still reloads.
-func (s *Sidecar) watch(src sources, digest [32]byte, reload func()) {
-	s.watchMu.Lock()
-	defer s.watchMu.Unlock()
-	s.watchLocked(src, digest, reload)
-}
-
-// rewatch replaces the running watch by one of src, with the same reload;
-// it does nothing once shutdown stopped the watch.
-func (s *Sidecar) rewatch(src sources, digest [32]byte) {
-	s.watchMu.Lock()
-	defer s.watchMu.Unlock()
-	if s.watchReload == nil {
-		return
+// swap is a reload's transaction over the doors: it prepares each door's
+// next configuration and commits them only once every one compiled, so
+// every door changes configuration or none does, whatever their order.
+func swap(doors ...func() (commit func(), err error)) error {
+	commits := make([]func(), 0, len(doors))
+	for _, prepare := range doors {
+		commit, err := prepare()
+		if err != nil {
+			return err
+		}
+		commits = append(commits, commit)
 	}
-	s.stopWatchLocked()
-	s.watchLocked(src, digest, s.watchReload)
-}
-
-func (s *Sidecar) watchLocked(src sources, digest [32]byte, reload func()) {
-	if src.main == config.EmbeddedSource {
-		return
+	for _, commit := range commits {
+		commit()
 	}
-	s.watchReload = reload
-	stop, err := watchConfig(src, digest, s.log, reload)
-	if err != nil {
-		s.log.Warn("cannot watch the configuration files; reload with SIGHUP", "config", src.main, "error", err.Error())
-		return
-	}
-	s.watchStop = stop
-}
-
-// stopWatch stops the running watch, if any, for good.
-func (s *Sidecar) stopWatch() {
-	s.watchMu.Lock()
-	defer s.watchMu.Unlock()
-	s.stopWatchLocked()
-	s.watchReload = nil
-}
-
-func (s *Sidecar) stopWatchLocked() {
-	if s.watchStop != nil {
-		s.watchStop()
-		s.watchStop = nil
-	}
+	return nil
 }
 
 // RLSWarnings and rlsDomains read a descriptor configuration that may be
@@ -429,16 +425,22 @@ func warnRestartOnly(log *slog.Logger, running, next *config.Config) {
 	}
 }
 
-// shutdown reports NOT_SERVING, waits out the drain delay, then stops
-// both doors gracefully within the grace period: no new connections, and
-// requests in flight answered. A second signal stops at once.
-func (s *Sidecar) shutdown(sigs <-chan os.Signal) int {
+// Shutdown reports NOT_SERVING, waits out the drain delay, then stops
+// every door gracefully within the grace period: no new connections, and
+// requests in flight answered. Only then does it release Redis (so a
+// request in flight can still count) and export the last spans; the
+// admin listener closes last, so /metrics and /readyz answer throughout.
+// Closing now stops at once (Run closes it on a second signal). It
+// returns the process's exit code: 1 when stopped at once during the
+// drain delay.
+func (s *Sidecar) Shutdown(now <-chan struct{}) int {
+	defer s.stopReloads()
 	s.ready.Store(false)
 	s.health.Shutdown() // every service NOT_SERVING
 	if s.flags.DrainDelay > 0 {
 		select {
 		case <-time.After(s.flags.DrainDelay):
-		case <-sigs:
+		case <-now:
 			s.stopNow()
 			return 1
 		}
@@ -458,12 +460,12 @@ func (s *Sidecar) shutdown(sigs <-chan os.Signal) int {
 	force := time.AfterFunc(s.flags.Grace, s.stopNow)
 	select {
 	case <-done:
-	case <-sigs:
+	case <-now:
 		s.stopNow()
 		<-done
 	}
 	force.Stop()
-	s.redis.close(s.log)
+	s.closeStores()
 	// The spans still buffered, the last Checks' among them, leave now.
 	tctx, tcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	if err := s.tracer.Shutdown(tctx); err != nil {
@@ -477,6 +479,17 @@ func (s *Sidecar) shutdown(sigs <-chan os.Signal) int {
 	}
 	s.log.Info("stopped")
 	return 0
+}
+
+// stopReloads stops the file watch for good and the reload goroutine
+// (a reload under way finishes on its own).
+func (s *Sidecar) stopReloads() {
+	if s.watch != nil {
+		s.watch.close()
+	}
+	if s.reloadStop != nil {
+		close(s.reloadStop)
+	}
 }
 
 // stopNow closes both doors and every connection at once.
