@@ -1,8 +1,8 @@
 // Package fleet simulates a fleet of sidecars against one real Redis
 // (standalone or a Cluster), in one process: N replicas, each with the
-// Redis side of a sidecar as cmd/extauthz wires it (its own clients and
-// connection pool, store and breaker, heartbeats, hybrid leases and
-// returns, the fallback), deciding keys drawn from a distribution at a
+// Redis side of a sidecar, wired by redisstore.Open as the sidecar is (its
+// own clients and connection pool, store and breaker, heartbeats, hybrid
+// leases and returns, the fallback), deciding keys drawn from a distribution at a
 // rate per replica. It measures what the fleet costs Redis: commands and
 // CPU (INFO), connections, memory per key, the latency of Redis calls,
 // calls per decision, and the heartbeat set's load.
