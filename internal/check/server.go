@@ -160,15 +160,15 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	took := time.Since(start)
 	s.door.Observe(v.Outcome, took.Seconds())
 	if span != nil {
-		f := resp.GetDynamicMetadata().GetFields()
+		client, policy, _ := reported(&v)
 		tracing.EndCheck(span, tracing.Result{Outcome: v.Outcome.String(), Status: decisionStatus(resp),
-			Policy: f["policy"].GetStringValue(), Client: f["client"].GetStringValue(),
+			Policy: policy, Client: client,
 			RequestID: r.Headers[RequestIDHeader]}, err)
 	}
 	if s.sampleEvery > 0 && s.sampled.Add(1)%s.sampleEvery == 0 {
-		f := resp.GetDynamicMetadata().GetFields()
-		s.log.Debug("decision", "outcome", v.Outcome.String(), "client", f["client"].GetStringValue(),
-			"policy", f["policy"].GetStringValue(), "remaining", f["remaining"].GetNumberValue(),
+		client, policy, remaining := reported(&v)
+		s.log.Debug("decision", "outcome", v.Outcome.String(), "client", client,
+			"policy", policy, "remaining", float64(remaining),
 			"latency", took, "request_id", r.Headers[RequestIDHeader], "sampled_one_in", s.sampleEvery)
 	}
 	return resp, err

@@ -2,6 +2,7 @@ package check
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
@@ -273,5 +274,59 @@ func TestDecisionLogRequestID(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `"msg":"decision"`) || !strings.Contains(logs.String(), `"request_id":"4a1c2e0d-req"`) {
 		t.Fatalf("decision log lacks the request id:\n%s", logs.String())
+	}
+}
+
+// TestDecisionLogSaysWhatTheResponseSays: the sampled decision log names
+// the client, the policy and the remaining count the response's dynamic
+// metadata gives (none for a 401), read from the Verdict.
+func TestDecisionLogSaysWhatTheResponseSays(t *testing.T) {
+	cfg, err := config.Parse([]byte(ordersYAML), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cache, _ := local.NewTable(100)
+	srv, err := New(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, engine.NewMetrics(nil), WithDecisionLog(log, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct {
+		key              string
+		outcome          string
+		client, policy   string
+		remaining        float64
+		metadataOmitsAll bool
+	}{
+		{"key-ada", "ok", "ada", "orders", 2, false},
+		{"key-ada", "ok", "ada", "orders", 1, false},
+		{"key-ada", "ok", "ada", "orders", 0, false},
+		{"key-ada", "over_limit", "ada", "orders", 0, false},
+		{"key-nobody", "unauthorized", "", "", 0, true},
+	} {
+		logs.Reset()
+		resp, err := srv.Check(context.Background(), NewRequest(RequestSpec{Method: "POST", Path: "/orders", Headers: map[string]string{"x-api-key": c.key}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var line struct {
+			Outcome, Client, Policy string
+			Remaining               float64
+		}
+		if err := json.Unmarshal([]byte(logs.String()), &line); err != nil {
+			t.Fatalf("request %d: %v in %q", i, err, logs.String())
+		}
+		md := resp.GetDynamicMetadata().AsMap()
+		if c.metadataOmitsAll != (md["client"] == nil && md["policy"] == nil) {
+			t.Fatalf("request %d: metadata %v", i, md)
+		}
+		if line.Outcome != c.outcome || line.Client != c.client || line.Policy != c.policy || line.Remaining != c.remaining {
+			t.Errorf("request %d: logged %+v, want outcome %s, client %q, policy %q, remaining %v (metadata %v)",
+				i, line, c.outcome, c.client, c.policy, c.remaining, md)
+		}
+		if !c.metadataOmitsAll && (md["client"] != c.client || md["policy"] != c.policy || md["remaining"] != c.remaining) {
+			t.Errorf("request %d: metadata %v, want client %q, policy %q, remaining %v", i, md, c.client, c.policy, c.remaining)
+		}
 	}
 }
