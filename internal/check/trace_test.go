@@ -18,8 +18,8 @@ import (
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
+	"github.com/extauthz/extauthz/internal/engine/enginetest"
 	"github.com/extauthz/extauthz/internal/quota"
-	"github.com/extauthz/extauthz/internal/quota/local"
 	"github.com/extauthz/extauthz/internal/tracing"
 )
 
@@ -40,17 +40,16 @@ func tracedFixture(t *testing.T, yaml string, limiters engine.Limiters) (*Server
 	if err != nil {
 		t.Fatal(err)
 	}
+	var running *engine.Running
 	if limiters == nil {
-		cache, _ := local.NewTable(1000)
-		limiters = engine.Limiters{config.ModeLocal: local.New(cache)}
+		running = enginetest.New(t, cfg).Running
+	} else {
+		running = enginetest.NewWith(t, cfg, limiters)
 	}
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
-	srv, err := New(cfg, limiters, engine.NewMetrics(nil), WithTracer(tracing.New(tp)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := NewServer(running, WithTracer(tracing.New(tp)))
 	return srv, exp
 }
 
@@ -233,11 +232,7 @@ policies:
 		flags  string
 	}{{"off", nil, "01"}, {"unsampled", tracing.New(tp), "00"}, {"sampled", tracing.New(tp), "01"}} {
 		b.Run(bc.name, func(b *testing.B) {
-			cache, _ := local.NewTable(100_000)
-			srv, err := New(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, engine.NewMetrics(nil), WithTracer(bc.tracer))
-			if err != nil {
-				b.Fatal(err)
-			}
+			srv := NewServer(enginetest.New(b, cfg).Running, WithTracer(bc.tracer))
 			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("traceparent", "00-"+envoyTrace+"-"+envoySpan+"-"+bc.flags))
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -264,11 +259,7 @@ func TestDecisionLogRequestID(t *testing.T) {
 	}
 	var logs strings.Builder
 	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cache, _ := local.NewTable(100)
-	srv, err := New(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, engine.NewMetrics(nil), WithDecisionLog(log, 1))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := NewServer(enginetest.New(t, cfg).Running, WithDecisionLog(log, 1))
 	if _, err := srv.Check(context.Background(), NewRequest(RequestSpec{Method: "GET", Path: "/", ID: "4a1c2e0d-req"})); err != nil {
 		t.Fatal(err)
 	}
@@ -287,11 +278,7 @@ func TestDecisionLogSaysWhatTheResponseSays(t *testing.T) {
 	}
 	var logs strings.Builder
 	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cache, _ := local.NewTable(100)
-	srv, err := New(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, engine.NewMetrics(nil), WithDecisionLog(log, 1))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := NewServer(enginetest.New(t, cfg).Running, WithDecisionLog(log, 1))
 	for i, c := range []struct {
 		key              string
 		outcome          string
