@@ -59,5 +59,9 @@ func (r *Running) Engine() *Engine { return r.current.Load() }
 // Config returns the configuration in force.
 func (r *Running) Config() *config.Config { return r.current.Load().cfg }
 
+// Limiters returns the limiters every configuration is compiled with,
+// one per mode: a door compiling policies of its own takes with them.
+func (r *Running) Limiters() Limiters { return r.limiters }
+
 // Metrics returns the collectors every door counts its requests in.
 func (r *Running) Metrics() *Metrics { return r.metrics }

@@ -133,7 +133,7 @@ func New(cfg *config.Config, rc *rlsconfig.Config, f Options, log *slog.Logger) 
 	if err != nil {
 		return nil, err
 	}
-	s.rls, err = rls.New(cfg, rc, limiters, m, rls.WithLog(log), rls.WithMetrics(rls.NewMetrics(reg)))
+	s.rls, err = rls.New(s.running, rc, rls.WithLog(log), rls.WithMetrics(rls.NewMetrics(reg)))
 	if err != nil {
 		return nil, err
 	}
