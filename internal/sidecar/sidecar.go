@@ -58,11 +58,11 @@ type Options struct {
 
 // Sidecar is the running process: servers, the doors, the caches.
 type Sidecar struct {
-	flags   Options
+	opts    Options
 	log     *slog.Logger
 	reg     *prometheus.Registry
 	reloads *prometheus.CounterVec // configuration reloads by result
-	running *engine.Running        // the configuration Check and the HTTP door decide with
+	running *engine.Running        // the configuration every door decides with
 	rls     *rls.Server
 	grpc    *grpc.Server
 	http    *http.Server // the HTTP door; nil without listen.http
@@ -85,9 +85,10 @@ type Sidecar struct {
 }
 
 // New wires the process for cfg and rc: it connects to Redis when cfg has
-// a redis section and builds every door, without listening yet (see Run).
-func New(cfg *config.Config, rc *rlsconfig.Config, f Options, log *slog.Logger) (*Sidecar, error) {
-	reg := metrics.New(f.Version)
+// a redis section and builds every door, without listening yet (see
+// Start). On an error, what it connected is released.
+func New(cfg *config.Config, rc *rlsconfig.Config, o Options, log *slog.Logger) (*Sidecar, error) {
+	reg := metrics.New(o.Version)
 	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metrics.Namespace, Name: "config_reloads_total",
 		Help: "Configuration reloads by result (success, failure).",
@@ -101,7 +102,7 @@ func New(cfg *config.Config, rc *rlsconfig.Config, f Options, log *slog.Logger) 
 	}
 	tables := map[string]metrics.TableStats{"counts": counts}
 	limiters := engine.Limiters{config.ModeLocal: local.New(counts)}
-	s := &Sidecar{flags: f, log: log, reg: reg, reloads: reloads, health: health.NewServer(), closeStores: func() {}}
+	s := &Sidecar{opts: o, log: log, reg: reg, reloads: reloads, health: health.NewServer(), closeStores: func() {}}
 	var stores *redisParts // nil without a redis section
 	if cfg.Redis != nil {
 		stores, err = connectRedis(cfg, counts, reg, log)
@@ -121,13 +122,14 @@ func New(cfg *config.Config, rc *rlsconfig.Config, f Options, log *slog.Logger) 
 		}
 	}()
 	metrics.Tables(reg, tables)
-	s.tracer, err = tracing.FromEnv(context.Background(), f.Version, log)
+	s.tracer, err = tracing.FromEnv(context.Background(), o.Version, log)
 	if err != nil {
 		return nil, err
 	}
 	// One engine's metrics for every door: decisions count by policy
-	// whichever door asked, and requests by door. Check and the HTTP door
-	// share one compiled configuration: a reload compiles it once.
+	// whichever door asked, and requests by door. Every door decides with
+	// one Running: a reload compiles it once (the rate limit service
+	// compiles its descriptors beside it).
 	m := engine.NewMetrics(reg)
 	s.running, err = engine.NewRunning(cfg, limiters, m, engine.WithWarnings(log))
 	if err != nil {
@@ -137,7 +139,7 @@ func New(cfg *config.Config, rc *rlsconfig.Config, f Options, log *slog.Logger) 
 	if err != nil {
 		return nil, err
 	}
-	srv := check.NewServer(s.running, check.WithDecisionLog(log, f.DecisionLogEvery), check.WithTracer(s.tracer))
+	srv := check.NewServer(s.running, check.WithDecisionLog(log, o.DecisionLogEvery), check.WithTracer(s.tracer))
 	if cfg.Listen.HTTP != "" {
 		s.http = &http.Server{
 			Handler: httpauth.New(s.running, httpauth.WithLog(log)),
@@ -211,6 +213,7 @@ func (s *Sidecar) Run() (int, error) {
 	for {
 		select {
 		case err := <-s.errc:
+			s.stopReloads()
 			return 1, fmt.Errorf("server stopped: %w", err)
 		case sig := <-sigs:
 			if sig == syscall.SIGHUP {
@@ -307,7 +310,7 @@ func (s *Sidecar) Start() error {
 	s.log.Info("serving", "grpc", glis.Addr().String(), "http", httpAddr, "admin", adminAddr,
 		"config", cfg.Source, "policies", len(cfg.Policies), "default_mode", string(cfg.DefaultMode),
 		"redis", redisAddrs, "client_keys", len(cfg.Clients.Keys), "max_keys", cfg.Local.MaxKeys,
-		"rls_domains", rlsDomains(s.rls.Config()), "version", s.flags.Version)
+		"rls_domains", rlsDomains(s.rls.Config()), "version", s.opts.Version)
 	return nil
 }
 
@@ -334,7 +337,7 @@ func (s *Sidecar) Reload(why string) error {
 	}
 	s.log.Info("reloading configuration", "trigger", why, "config", src)
 	running := s.running.Config()
-	cfg, err := s.flags.Load(src)
+	cfg, err := s.opts.Load(src)
 	var rc *rlsconfig.Config
 	if err == nil {
 		rc, err = LoadRLS(cfg)
@@ -437,9 +440,9 @@ func (s *Sidecar) Shutdown(now <-chan struct{}) int {
 	defer s.stopReloads()
 	s.ready.Store(false)
 	s.health.Shutdown() // every service NOT_SERVING
-	if s.flags.DrainDelay > 0 {
+	if s.opts.DrainDelay > 0 {
 		select {
-		case <-time.After(s.flags.DrainDelay):
+		case <-time.After(s.opts.DrainDelay):
 		case <-now:
 			s.stopNow()
 			return 1
@@ -457,7 +460,7 @@ func (s *Sidecar) Shutdown(now <-chan struct{}) int {
 		wg.Wait()
 		close(done)
 	}()
-	force := time.AfterFunc(s.flags.Grace, s.stopNow)
+	force := time.AfterFunc(s.opts.Grace, s.stopNow)
 	select {
 	case <-done:
 	case <-now:
@@ -527,7 +530,7 @@ func (s *Sidecar) adminMux() *http.ServeMux {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	if s.flags.Pprof {
+	if s.opts.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
