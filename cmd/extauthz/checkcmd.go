@@ -20,6 +20,7 @@ import (
 
 	"github.com/extauthz/extauthz/internal/check"
 	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/sidecar"
 )
 
 func init() {
@@ -135,7 +136,7 @@ func dial(addr, caFile, certFile, keyFile string) (*grpc.ClientConn, error) {
 	}
 	creds := insecure.NewCredentials()
 	if caFile != "" || certFile != "" {
-		tc, err := clientTLS(&config.ClientTLS{CAFile: caFile, CertFile: certFile, KeyFile: keyFile})
+		tc, err := sidecar.ClientTLS(&config.ClientTLS{CAFile: caFile, CertFile: certFile, KeyFile: keyFile})
 		if err != nil {
 			return nil, err
 		}

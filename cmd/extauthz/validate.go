@@ -10,6 +10,7 @@ import (
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/httpauth"
 	"github.com/extauthz/extauthz/internal/rlsconfig"
+	"github.com/extauthz/extauthz/internal/sidecar"
 )
 
 func init() {
@@ -33,7 +34,7 @@ func runValidate(e env, args []string) (int, error) {
 	cfg, err := config.Load(*path)
 	var rc *rlsconfig.Config
 	if err == nil {
-		rc, err = loadRLS(cfg)
+		rc, err = sidecar.LoadRLS(cfg)
 	}
 	if err != nil {
 		fmt.Fprintln(e.stderr, err)
@@ -42,7 +43,7 @@ func runValidate(e env, args []string) (int, error) {
 	for _, w := range cfg.Warnings {
 		fmt.Fprintf(e.stderr, "%s: warning: %s\n", cfg.Source, w)
 	}
-	for _, w := range rlsWarnings(rc) {
+	for _, w := range sidecar.RLSWarnings(rc) {
 		fmt.Fprintf(e.stderr, "warning: %s\n", w)
 	}
 	fmt.Fprintf(e.stdout, "%s: ok\n", cfg.Source)

@@ -15,8 +15,8 @@ import (
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
+	"github.com/extauthz/extauthz/internal/engine/enginetest"
 	"github.com/extauthz/extauthz/internal/identity"
-	"github.com/extauthz/extauthz/internal/quota/local"
 )
 
 func problemOf(t *testing.T, r *authv3.CheckResponse) map[string]any {
@@ -81,14 +81,11 @@ func TestPoliciesMatchedCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache, _ := local.NewTable(1000)
 	var logs bytes.Buffer
-	m := engine.NewMetrics(nil)
-	srv, err := New(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, m,
-		WithDecisionLog(slog.New(slog.NewTextHandler(&logs, nil)), 0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	e := enginetest.New(t, cfg, engine.WithWarnings(log))
+	cache, m := e.Counts, e.Metrics()
+	srv := NewServer(e.Running, WithDecisionLog(log, 0))
 	for i := 0; i < 3; i++ {
 		r, err := srv.Check(context.Background(), NewRequest(RequestSpec{Method: "GET", Path: "/"}))
 		if err != nil {
@@ -144,13 +141,9 @@ func TestDecisionLogSampling(t *testing.T) {
 		level slog.Level
 		want  int
 	}{{slog.LevelDebug, 3}, {slog.LevelInfo, 0}} {
-		cache, _ := local.NewTable(10)
 		var logs bytes.Buffer
 		log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: tc.level}))
-		srv, err := New(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, engine.NewMetrics(nil), WithDecisionLog(log, 2))
-		if err != nil {
-			t.Fatal(err)
-		}
+		srv := NewServer(enginetest.New(t, cfg).Running, WithDecisionLog(log, 2))
 		for i := 0; i < 6; i++ {
 			req := NewRequest(RequestSpec{Method: "GET", Path: "/", Headers: map[string]string{"x-api-key": "key-ada-secret"}})
 			if _, err := srv.Check(context.Background(), req); err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
+	"github.com/extauthz/extauthz/internal/engine/enginetest"
 	"github.com/extauthz/extauthz/internal/quota"
 	"github.com/extauthz/extauthz/internal/quota/local"
 )
@@ -88,12 +89,9 @@ func newFuzzServer(tb testing.TB) *fuzzServer {
 	fs.lim = &countingLimiter{Limiter: local.New(fs.cache)}
 	// A frozen clock: a failing input replays the same decisions. Holds
 	// are recorded, not waited out.
-	fs.srv, err = New(cfg, engine.Limiters{config.ModeLocal: fs.lim}, engine.NewMetrics(nil),
-		WithClock(func() time.Time { return t0 }),
-		WithHold(func(_ context.Context, d time.Duration) error { fs.held = d; return nil }))
-	if err != nil {
-		tb.Fatal(err)
-	}
+	running := enginetest.NewWith(tb, cfg, engine.Limiters{config.ModeLocal: fs.lim},
+		engine.WithHold(func(_ context.Context, d time.Duration) error { fs.held = d; return nil }))
+	fs.srv = NewServer(running, WithClock(func() time.Time { return t0 }))
 	return fs
 }
 

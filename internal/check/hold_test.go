@@ -9,9 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 
-	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
-	"github.com/extauthz/extauthz/internal/quota/local"
+	"github.com/extauthz/extauthz/internal/engine/enginetest"
 )
 
 // holdRecorder stands in for the timer that holds a shaped request: it
@@ -28,21 +27,10 @@ func (h *holdRecorder) hold(_ context.Context, d time.Duration) error {
 
 func newHoldFixture(t *testing.T, yaml string) (*fixture, *holdRecorder) {
 	t.Helper()
-	cfg, err := config.Parse([]byte(yaml), "test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{t: t, now: t0, m: engine.NewMetrics(nil)}
-	f.cache, err = local.NewTable(cfg.Local.MaxKeys)
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec := &holdRecorder{}
-	f.srv, err = New(cfg, engine.Limiters{config.ModeLocal: local.New(f.cache)}, f.m,
-		WithClock(func() time.Time { return f.now }), WithHold(rec.hold))
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := enginetest.New(t, enginetest.Parse(t, yaml), engine.WithHold(rec.hold))
+	f := &fixture{t: t, now: t0, m: e.Metrics(), cache: e.Counts}
+	f.srv = NewServer(e.Running, WithClock(func() time.Time { return f.now }))
 	return f, rec
 }
 

@@ -137,18 +137,11 @@ func (p *prerendered) deny(v *engine.Verdict, cfg *config.Config) *authv3.CheckR
 	var md *structpb.Struct
 	switch v.Outcome {
 	case engine.OverLimit:
-		worst, _ := v.Denials()
+		worst := described(v)
 		md = &structpb.Struct{Fields: p.metadataFields(v, worst, resultOverLimit)}
 		md.Fields["remaining"] = structpb.NewNumberValue(float64(max(worst.Decision.Remaining, 0)))
 	case engine.Unavailable:
-		var first *engine.Taken
-		takes := v.Takes()
-		for i := range takes {
-			if t := &takes[i]; !t.OK && !t.Policy.Shadow && first == nil {
-				first = t
-			}
-		}
-		md = &structpb.Struct{Fields: p.metadataFields(v, first, resultUnavailable)}
+		md = &structpb.Struct{Fields: p.metadataFields(v, described(v), resultUnavailable)}
 	}
 	return &authv3.CheckResponse{
 		Status: &status.Status{Code: int32(codes.grpc), Message: d.Problem.Title},
@@ -172,6 +165,49 @@ var undecodableResponse = &authv3.CheckResponse{
 		Body: engine.Problem{Type: "about:blank", Title: "Bad Request", Status: 400,
 			Detail: "The request's attributes could not be decoded: a header or other string that is not valid UTF-8, a message nested too deeply, or malformed protobuf."}.JSON(),
 	}},
+}
+
+// described is the policy a response describes in its headers and
+// dynamic metadata: an allowed request's tightest enforcing policy, a
+// 429's with the longest wait, a 503's first enforcing policy Redis
+// failed for. Nil when none (and for a 401 or a 500).
+func described(v *engine.Verdict) *engine.Taken {
+	switch v.Outcome {
+	case engine.OK:
+		return v.Tightest()
+	case engine.OverLimit:
+		worst, _ := v.Denials()
+		return worst
+	case engine.Unavailable:
+		takes := v.Takes()
+		for i := range takes {
+			if t := &takes[i]; !t.OK && !t.Policy.Shadow {
+				return t
+			}
+		}
+	}
+	return nil
+}
+
+// reported is what a response's dynamic metadata says of v, for the span
+// and the decision log: the client and the policy it names ("" when it
+// names none) and that policy's remaining count (0 when it gives none).
+func reported(v *engine.Verdict) (client, policy string, remaining int64) {
+	switch v.Outcome {
+	case engine.OK, engine.OverLimit, engine.Unavailable:
+	default:
+		return "", "", 0 // a 401, a 500 or a canceled Check carries no metadata
+	}
+	if v.Client != nil {
+		client = v.Client.ID
+	}
+	if t := described(v); t != nil {
+		policy = t.Policy.Name
+		if v.Outcome != engine.Unavailable {
+			remaining = max(t.Decision.Remaining, 0)
+		}
+	}
+	return client, policy, remaining
 }
 
 // The dynamic metadata's result values, shared by every response.

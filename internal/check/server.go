@@ -31,7 +31,6 @@ type Server struct {
 	running *engine.Running // the configuration in force, shared with the other doors
 	door    *engine.Door
 	now     func() time.Time
-	engOpts []engine.Option // for New's own Running
 	// current is the running Engine with the response parts this door
 	// renders for it, rendered on the first Check after each swap.
 	current atomic.Pointer[compiled]
@@ -57,23 +56,13 @@ type Option func(*Server)
 // the Check arrived). Each Check reads it once.
 func WithClock(now func() time.Time) Option { return func(s *Server) { s.now = now } }
 
-// WithHold replaces how an admitted request is held until its leaky bucket
-// slot (a timer by default). Tests pass a recorder, so no test sleeps.
-// It applies to the configuration New compiles; a Server made by
-// NewServer decides with its Running's own options.
-func WithHold(hold engine.HoldFunc) Option {
-	return func(s *Server) { s.engOpts = append(s.engOpts, engine.WithHold(hold)) }
-}
-
 // WithDecisionLog logs one decision in every `every` at debug level, when
 // log is enabled for debug: the outcome, client id, policy, remaining count
-// and latency. Never the API key or the partition key. Whatever `every`
-// is, log also receives a warning, once per configuration, when a request
-// matches more than engine.MaxPoliciesPerRequest policies (with New; with
-// NewServer, give the Running engine.WithWarnings).
+// and latency. Never the API key or the partition key. (The warning of a
+// request matching more than engine.MaxPoliciesPerRequest policies is the
+// Running's: engine.WithWarnings.)
 func WithDecisionLog(log *slog.Logger, every int) Option {
 	return func(s *Server) {
-		s.engOpts = append(s.engOpts, engine.WithWarnings(log))
 		// The level is fixed at start-up: without debug, Check does not
 		// even count decisions (a shared atomic on every call).
 		if every > 0 && log != nil && log.Enabled(context.Background(), slog.LevelDebug) {
@@ -85,20 +74,6 @@ func WithDecisionLog(log *slog.Logger, every int) Option {
 // WithTracer makes a span of every Check (and of its Redis calls). A nil
 // Tracer, what tracing.FromEnv returns when tracing is off, makes none.
 func WithTracer(t *tracing.Tracer) Option { return func(s *Server) { s.tracer = t } }
-
-// New returns a Server enforcing cfg with the given limiters, one per mode
-// the configuration uses, in a Running of its own: a door alone.
-func New(cfg *config.Config, limiters engine.Limiters, m *engine.Metrics, opts ...Option) (*Server, error) {
-	s := &Server{}
-	for _, o := range opts {
-		o(s)
-	}
-	running, err := engine.NewRunning(cfg, limiters, m, s.engOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return NewServer(running, opts...), nil
-}
 
 // NewServer returns a Server deciding with running, the configuration the
 // process's doors share: a reload compiles it once for all of them.
@@ -164,15 +139,15 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	took := time.Since(start)
 	s.door.Observe(v.Outcome, took.Seconds())
 	if span != nil {
-		f := resp.GetDynamicMetadata().GetFields()
+		client, policy, _ := reported(&v)
 		tracing.EndCheck(span, tracing.Result{Outcome: v.Outcome.String(), Status: decisionStatus(resp),
-			Policy: f["policy"].GetStringValue(), Client: f["client"].GetStringValue(),
+			Policy: policy, Client: client,
 			RequestID: r.Headers[RequestIDHeader]}, err)
 	}
 	if s.sampleEvery > 0 && s.sampled.Add(1)%s.sampleEvery == 0 {
-		f := resp.GetDynamicMetadata().GetFields()
-		s.log.Debug("decision", "outcome", v.Outcome.String(), "client", f["client"].GetStringValue(),
-			"policy", f["policy"].GetStringValue(), "remaining", f["remaining"].GetNumberValue(),
+		client, policy, remaining := reported(&v)
+		s.log.Debug("decision", "outcome", v.Outcome.String(), "client", client,
+			"policy", policy, "remaining", float64(remaining),
 			"latency", took, "request_id", r.Headers[RequestIDHeader], "sampled_one_in", s.sampleEvery)
 	}
 	return resp, err

@@ -15,6 +15,7 @@ import (
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
+	"github.com/extauthz/extauthz/internal/engine/enginetest"
 	"github.com/extauthz/extauthz/internal/quota"
 	"github.com/extauthz/extauthz/internal/quota/local"
 )
@@ -32,19 +33,9 @@ type fixture struct {
 
 func newFixture(t *testing.T, yaml string) *fixture {
 	t.Helper()
-	cfg, err := config.Parse([]byte(yaml), "test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{t: t, now: t0, m: engine.NewMetrics(nil)}
-	f.cache, err = local.NewTable(cfg.Local.MaxKeys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.srv, err = New(cfg, engine.Limiters{config.ModeLocal: local.New(f.cache)}, f.m, WithClock(func() time.Time { return f.now }))
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := enginetest.New(t, enginetest.Parse(t, yaml))
+	f := &fixture{t: t, now: t0, m: e.Metrics(), cache: e.Counts}
+	f.srv = NewServer(e.Running, WithClock(func() time.Time { return f.now }))
 	return f
 }
 
@@ -524,11 +515,7 @@ clients:
 	if err != nil {
 		b.Fatal(err)
 	}
-	cache, _ := local.NewTable(100_000)
-	srv, err := New(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, engine.NewMetrics(nil))
-	if err != nil {
-		b.Fatal(err)
-	}
+	srv := NewServer(enginetest.New(b, cfg).Running)
 	req := NewRequest(RequestSpec{Method: "POST", Path: "/orders", Headers: map[string]string{"x-api-key": "key-ada"}})
 	ctx := context.Background()
 	b.ReportAllocs()

@@ -2,6 +2,7 @@ package check
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
@@ -17,8 +18,8 @@ import (
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
+	"github.com/extauthz/extauthz/internal/engine/enginetest"
 	"github.com/extauthz/extauthz/internal/quota"
-	"github.com/extauthz/extauthz/internal/quota/local"
 	"github.com/extauthz/extauthz/internal/tracing"
 )
 
@@ -39,17 +40,16 @@ func tracedFixture(t *testing.T, yaml string, limiters engine.Limiters) (*Server
 	if err != nil {
 		t.Fatal(err)
 	}
+	var running *engine.Running
 	if limiters == nil {
-		cache, _ := local.NewTable(1000)
-		limiters = engine.Limiters{config.ModeLocal: local.New(cache)}
+		running = enginetest.New(t, cfg).Running
+	} else {
+		running = enginetest.NewWith(t, cfg, limiters)
 	}
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
-	srv, err := New(cfg, limiters, engine.NewMetrics(nil), WithTracer(tracing.New(tp)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := NewServer(running, WithTracer(tracing.New(tp)))
 	return srv, exp
 }
 
@@ -232,11 +232,7 @@ policies:
 		flags  string
 	}{{"off", nil, "01"}, {"unsampled", tracing.New(tp), "00"}, {"sampled", tracing.New(tp), "01"}} {
 		b.Run(bc.name, func(b *testing.B) {
-			cache, _ := local.NewTable(100_000)
-			srv, err := New(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, engine.NewMetrics(nil), WithTracer(bc.tracer))
-			if err != nil {
-				b.Fatal(err)
-			}
+			srv := NewServer(enginetest.New(b, cfg).Running, WithTracer(bc.tracer))
 			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("traceparent", "00-"+envoyTrace+"-"+envoySpan+"-"+bc.flags))
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -263,15 +259,61 @@ func TestDecisionLogRequestID(t *testing.T) {
 	}
 	var logs strings.Builder
 	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cache, _ := local.NewTable(100)
-	srv, err := New(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, engine.NewMetrics(nil), WithDecisionLog(log, 1))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := NewServer(enginetest.New(t, cfg).Running, WithDecisionLog(log, 1))
 	if _, err := srv.Check(context.Background(), NewRequest(RequestSpec{Method: "GET", Path: "/", ID: "4a1c2e0d-req"})); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(logs.String(), `"msg":"decision"`) || !strings.Contains(logs.String(), `"request_id":"4a1c2e0d-req"`) {
 		t.Fatalf("decision log lacks the request id:\n%s", logs.String())
+	}
+}
+
+// TestDecisionLogSaysWhatTheResponseSays: the sampled decision log names
+// the client, the policy and the remaining count the response's dynamic
+// metadata gives (none for a 401), read from the Verdict.
+func TestDecisionLogSaysWhatTheResponseSays(t *testing.T) {
+	cfg, err := config.Parse([]byte(ordersYAML), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	srv := NewServer(enginetest.New(t, cfg).Running, WithDecisionLog(log, 1))
+	for i, c := range []struct {
+		key              string
+		outcome          string
+		client, policy   string
+		remaining        float64
+		metadataOmitsAll bool
+	}{
+		{"key-ada", "ok", "ada", "orders", 2, false},
+		{"key-ada", "ok", "ada", "orders", 1, false},
+		{"key-ada", "ok", "ada", "orders", 0, false},
+		{"key-ada", "over_limit", "ada", "orders", 0, false},
+		{"key-nobody", "unauthorized", "", "", 0, true},
+	} {
+		logs.Reset()
+		resp, err := srv.Check(context.Background(), NewRequest(RequestSpec{Method: "POST", Path: "/orders", Headers: map[string]string{"x-api-key": c.key}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var line struct {
+			Outcome, Client, Policy string
+			Remaining               float64
+		}
+		if err := json.Unmarshal([]byte(logs.String()), &line); err != nil {
+			t.Fatalf("request %d: %v in %q", i, err, logs.String())
+		}
+		md := resp.GetDynamicMetadata().AsMap()
+		if c.metadataOmitsAll != (md["client"] == nil && md["policy"] == nil) {
+			t.Fatalf("request %d: metadata %v", i, md)
+		}
+		if line.Outcome != c.outcome || line.Client != c.client || line.Policy != c.policy || line.Remaining != c.remaining {
+			t.Errorf("request %d: logged %+v, want outcome %s, client %q, policy %q, remaining %v (metadata %v)",
+				i, line, c.outcome, c.client, c.policy, c.remaining, md)
+		}
+		if !c.metadataOmitsAll && (md["client"] != c.client || md["policy"] != c.policy || md["remaining"] != c.remaining) {
+			t.Errorf("request %d: metadata %v, want client %q, policy %q, remaining %v", i, md, c.client, c.policy, c.remaining)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
+	"github.com/extauthz/extauthz/internal/engine/enginetest"
 	"github.com/extauthz/extauthz/internal/quota/local"
 )
 
@@ -40,13 +41,9 @@ policies:
 	if err != nil {
 		t.Fatal(err)
 	}
-	table, _ := local.NewTable(100)
-	r := &rig{t: t}
-	r.eng, err = engine.Compile(cfg, engine.Limiters{config.ModeLocal: local.New(table)}, engine.NewMetrics(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim := local.New(table)
+	e := enginetest.New(t, cfg)
+	r := &rig{t: t, eng: e.Engine()}
+	lim := local.New(e.Counts)
 	h := &Handler{
 		Engine:  func() *engine.Engine { return r.eng },
 		Forget:  func(p string) { r.forgot = append(r.forgot, p); lim.Forget(p) },

@@ -34,12 +34,23 @@ func NewRunning(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Optio
 // Update compiles cfg and makes it the configuration in force. On error
 // the running configuration stays.
 func (r *Running) Update(cfg *config.Config) error {
-	e, err := Compile(cfg, r.limiters, r.metrics, r.opts...)
+	commit, err := r.Prepare(cfg)
 	if err != nil {
 		return err
 	}
-	r.current.Store(e)
+	commit()
 	return nil
+}
+
+// Prepare compiles cfg; commit makes it the configuration in force. A
+// reload prepares every door before committing any, so the doors change
+// configuration together or not at all.
+func (r *Running) Prepare(cfg *config.Config) (commit func(), err error) {
+	e, err := Compile(cfg, r.limiters, r.metrics, r.opts...)
+	if err != nil {
+		return nil, err
+	}
+	return func() { r.current.Store(e) }, nil
 }
 
 // Engine returns the Engine in force. Load it once per request.
@@ -47,6 +58,10 @@ func (r *Running) Engine() *Engine { return r.current.Load() }
 
 // Config returns the configuration in force.
 func (r *Running) Config() *config.Config { return r.current.Load().cfg }
+
+// Limiters returns the limiters every configuration is compiled with,
+// one per mode: a door compiling policies of its own takes with them.
+func (r *Running) Limiters() Limiters { return r.limiters }
 
 // Metrics returns the collectors every door counts its requests in.
 func (r *Running) Metrics() *Metrics { return r.metrics }

@@ -18,7 +18,7 @@ import (
 	"github.com/extauthz/extauthz/internal/check"
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
-	"github.com/extauthz/extauthz/internal/quota/local"
+	"github.com/extauthz/extauthz/internal/engine/enginetest"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -38,16 +38,10 @@ type fixture struct {
 func newFixture(t testing.TB, yaml string) *fixture {
 	t.Helper()
 	cfg := parse(t, yaml)
-	f := &fixture{t: t, now: t0, m: engine.NewMetrics(nil)}
-	cache, err := local.NewTable(cfg.Local.MaxKeys)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := &fixture{t: t, now: t0}
 	hold := func(_ context.Context, d time.Duration) error { f.holds = append(f.holds, d); return nil }
-	f.running, err = engine.NewRunning(cfg, engine.Limiters{config.ModeLocal: local.New(cache)}, f.m, engine.WithHold(hold))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f.running = enginetest.New(t, cfg, engine.WithHold(hold)).Running
+	f.m = f.running.Metrics()
 	f.srv = New(f.running, WithClock(func() time.Time { return f.now }))
 	return f
 }

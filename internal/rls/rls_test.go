@@ -13,7 +13,6 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
@@ -21,7 +20,7 @@ import (
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
-	"github.com/extauthz/extauthz/internal/quota/local"
+	"github.com/extauthz/extauthz/internal/engine/enginetest"
 	"github.com/extauthz/extauthz/internal/rlsconfig"
 )
 
@@ -49,10 +48,9 @@ func newFixture(t testing.TB, main string, paths ...string) *fixture {
 			t.Fatal(err)
 		}
 	}
-	f := &fixture{t: t, m: engine.NewMetrics(prometheus.NewRegistry()), own: NewMetrics(nil), now: dayStart}
-	table, _ := local.NewTable(10_000)
-	f.srv, err = New(cfg, rc, engine.Limiters{config.ModeLocal: local.New(table)}, f.m,
-		WithClock(func() time.Time { return f.now }), WithMetrics(f.own))
+	running := enginetest.New(t, cfg).Running
+	f := &fixture{t: t, m: running.Metrics(), own: NewMetrics(nil), now: dayStart}
+	f.srv, err = New(running, rc, WithClock(func() time.Time { return f.now }), WithMetrics(f.own))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -657,8 +655,7 @@ func TestLeakyBucketHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	var held []time.Duration
-	table, _ := local.NewTable(10)
-	srv, err := New(cfg, rc, engine.Limiters{config.ModeLocal: local.New(table)}, engine.NewMetrics(nil),
+	srv, err := New(enginetest.New(t, cfg).Running, rc,
 		WithClock(func() time.Time { return dayStart }),
 		WithHold(func(_ context.Context, d time.Duration) error { held = append(held, d); return nil }))
 	if err != nil {
@@ -709,8 +706,7 @@ descriptors:
 	if err != nil {
 		b.Fatal(err)
 	}
-	table, _ := local.NewTable(100_000)
-	srv, err := New(cfg, rc, engine.Limiters{config.ModeLocal: local.New(table)}, engine.NewMetrics(nil))
+	srv, err := New(enginetest.New(b, cfg).Running, rc)
 	if err != nil {
 		b.Fatal(err)
 	}

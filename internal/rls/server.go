@@ -78,14 +78,17 @@ func WithLog(log *slog.Logger) Option { return func(s *Server) { s.log = log } }
 func WithMetrics(m *Metrics) Option { return func(s *Server) { s.own = m } }
 
 // New returns a Server enforcing the domains of rc (nil: none, every
-// request is allowed) under the main configuration cfg, with the given
-// limiters, one per mode the configuration uses, counting in m.
-func New(cfg *config.Config, rc *rlsconfig.Config, limiters engine.Limiters, m *engine.Metrics, opts ...Option) (*Server, error) {
-	s := &Server{limiters: limiters, metrics: m, door: m.Door(Door), own: NewMetrics(nil)}
+// request is allowed) under running's configuration, taking with its
+// limiters and counting in its metrics, as the process's other doors do.
+// The descriptors are this door's own: a reload prepares them beside the
+// Running's (Prepare).
+func New(running *engine.Running, rc *rlsconfig.Config, opts ...Option) (*Server, error) {
+	m := running.Metrics()
+	s := &Server{limiters: running.Limiters(), metrics: m, door: m.Door(Door), own: NewMetrics(nil)}
 	for _, o := range opts {
 		o(s)
 	}
-	if err := s.Update(cfg, rc); err != nil {
+	if err := s.Update(running.Config(), rc); err != nil {
 		return nil, err
 	}
 	return s, nil

@@ -73,7 +73,7 @@ func serveNoop() {
 
 // serveNoopHTTP is the HTTP door's ceiling: an HTTP server that answers
 // 200 to every request without looking at it, with the sidecar's server
-// settings (cmd/extauthz/serve.go) and runtime settings. It logs
+// settings (internal/sidecar/sidecar.go) and runtime settings. It logs
 // "serving" like the sidecar, with its address as "http", until SIGTERM.
 func serveNoopHTTP() {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -22,7 +22,7 @@ const openWithin = 250 * time.Millisecond
 
 // sidecarClient sets the go-redis options the sidecar runs with that the
 // breaker relies on: calls end at their context's deadline, one dial
-// attempt, no retries (cmd/extauthz/redis.go).
+// attempt, no retries (redisstore.NewClients).
 func sidecarClient(o *redis.Options) {
 	o.ContextTimeoutEnabled = true
 	o.DialerRetries = 1

@@ -1,8 +1,8 @@
 // Package fleet simulates a fleet of sidecars against one real Redis
 // (standalone or a Cluster), in one process: N replicas, each with the
-// Redis side of a sidecar as cmd/extauthz wires it (its own clients and
-// connection pool, store and breaker, heartbeats, hybrid leases and
-// returns, the fallback), deciding keys drawn from a distribution at a
+// Redis side of a sidecar, wired by redisstore.Open as the sidecar is (its
+// own clients and connection pool, store and breaker, heartbeats, hybrid
+// leases and returns, the fallback), deciding keys drawn from a distribution at a
 // rate per replica. It measures what the fleet costs Redis: commands and
 // CPU (INFO), connections, memory per key, the latency of Redis calls,
 // calls per decision, and the heartbeat set's load.
@@ -118,11 +118,7 @@ type Result struct {
 
 // replica is the Redis side of one sidecar.
 type replica struct {
-	clients *redisstore.Clients
-	legacy  []io.Closer
-	store   *redisstore.Store
-	peers   *redisstore.Peers
-	hybrid  *redisstore.Hybrid
+	opened  *redisstore.Opened
 	limiter quota.Limiter
 }
 
@@ -351,51 +347,60 @@ func deleteKeys(ctx context.Context, a *redis.Client, pattern string) error {
 	}
 }
 
-// newReplica wires one replica as cmd/extauthz/redis.go does.
+// newReplica wires one replica with redisstore.Open, as the sidecar does.
 func newReplica(ctx context.Context, o Options, m *redisstore.Metrics, log *slog.Logger, i int) (*replica, error) {
-	r := &replica{}
 	var pipe *redis.AutoPipeliner
+	var closeConn func() error
 	sopts := redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: log}
 	if o.Legacy {
 		p, probe, closers, err := legacyClients(o.Addrs)
 		if err != nil {
 			return nil, err
 		}
-		pipe, r.legacy = p, closers
+		pipe = p
+		closeConn = func() error {
+			for _, c := range closers {
+				c.Close()
+			}
+			return nil
+		}
 		sopts.Probe = probe
 	} else {
 		c, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: o.Addrs, PoolSize: o.PoolSize, Name: "extauthz"})
 		if err != nil {
 			return nil, err
 		}
-		r.clients, pipe = c, c.Pipe
+		pipe, closeConn = c.Pipe, c.Close
 		sopts = c.StoreOptions(sopts)
-	}
-	r.store = redisstore.NewStore(pipe, sopts)
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	err := r.store.Warm(wctx)
-	cancel()
-	if err != nil {
-		r.close()
-		return nil, fmt.Errorf("loading scripts: %w", err)
-	}
-	table, err := redisstore.NewTable(100_000)
-	if err != nil {
-		r.close()
-		return nil, err
 	}
 	counts, err := local.NewTable(100_000)
 	if err != nil {
-		r.close()
+		closeConn()
 		return nil, err
 	}
-	r.peers = redisstore.NewPeers(r.store, "fleet-"+strconv.Itoa(i), 15*time.Second, 2, log)
-	r.hybrid = redisstore.NewHybrid(table, r.store, r.peers, redisstore.HybridOptions{Log: log})
-	fallback := local.NewFallback(counts)
+	opened, err := redisstore.Open(pipe, closeConn, redisstore.OpenOptions{
+		Store:   sopts,
+		MaxKeys: 100_000,
+		Counts:  counts,
+		Warm: func(store *redisstore.Store) error {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if err := store.Warm(wctx); err != nil {
+				return fmt.Errorf("loading scripts: %w", err)
+			}
+			return nil
+		},
+		ReplicaID: "fleet-" + strconv.Itoa(i),
+		PeerTTL:   15 * time.Second,
+		MinPeers:  2,
+		Hybrid:    redisstore.HybridOptions{Log: log},
+	})
+	if err != nil {
+		return nil, err
+	}
+	r := &replica{opened: opened, limiter: opened.Hybrid}
 	if o.Mode == "redis" {
-		r.limiter = redisstore.NewResilient(redisstore.NewRedis(r.store, table), table, fallback, r.peers, r.store)
-	} else {
-		r.limiter = redisstore.NewResilient(r.hybrid, r.hybrid, fallback, r.peers, r.store)
+		r.limiter = opened.Redis
 	}
 	return r, nil
 }
@@ -426,19 +431,7 @@ func legacyClients(addrs []string) (*redis.AutoPipeliner, redis.UniversalClient,
 func (r *replica) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	if r.hybrid != nil {
-		r.hybrid.Close(ctx)
-	}
-	if r.peers != nil {
-		r.peers.Close(ctx)
-	}
-	r.store.Close()
-	if r.clients != nil {
-		r.clients.Close()
-	}
-	for _, c := range r.legacy {
-		c.Close()
-	}
+	r.opened.Close(ctx)
 }
 
 // drive decides at o.Rate until ctx ends, counting decisions made while

@@ -1,4 +1,4 @@
-package main
+package sidecar
 
 import (
 	"crypto/sha256"
@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -153,4 +154,56 @@ func fileSum(path string) (sum [32]byte, ok bool) {
 	}
 	h.Sum(sum[:0])
 	return sum, true
+}
+
+// watcher is the configuration watch, replaced when a reload names other
+// domain files. Safe for concurrent use: reloads replace it on their
+// goroutine while shutdown stops it from another.
+type watcher struct {
+	log     *slog.Logger
+	changed func() // what a change to the sources calls
+
+	mu     sync.Mutex // guards stop and closed
+	stop   func()     // stops the running watch; nil: none
+	closed bool       // close ran: no watch starts again
+}
+
+func newWatcher(log *slog.Logger, changed func()) *watcher {
+	return &watcher{log: log, changed: changed}
+}
+
+// watch replaces the running watch, if any, by one of src, which was
+// parsed from what digest sums. A watch that cannot start is logged:
+// SIGHUP still reloads. After close it does nothing.
+func (w *watcher) watch(src sources, digest [32]byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
+	w.stopLocked()
+	if src.main == config.EmbeddedSource {
+		return
+	}
+	stop, err := watchConfig(src, digest, w.log, w.changed)
+	if err != nil {
+		w.log.Warn("cannot watch the configuration files; reload with SIGHUP", "config", src.main, "error", err.Error())
+		return
+	}
+	w.stop = stop
+}
+
+// close stops the running watch for good.
+func (w *watcher) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopLocked()
+	w.closed = true
+}
+
+func (w *watcher) stopLocked() {
+	if w.stop != nil {
+		w.stop()
+		w.stop = nil
+	}
 }

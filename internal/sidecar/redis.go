@@ -1,4 +1,4 @@
-package main
+package sidecar
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/config"
-	"github.com/extauthz/extauthz/internal/quota"
 	"github.com/extauthz/extauthz/internal/quota/local"
 	"github.com/extauthz/extauthz/internal/quota/redisstore"
 )
@@ -32,16 +31,11 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 	l.log.DebugContext(ctx, "go-redis", "detail", fmt.Sprintf(format, v...))
 }
 
-// redisParts is everything that talks to Redis, in shutdown order.
+// redisParts is everything that talks to Redis.
 type redisParts struct {
-	clients    *redisstore.Clients
-	store      *redisstore.Store
-	table      *redisstore.Table
-	peers      *redisstore.Peers
-	hybrid     *redisstore.Hybrid
-	redisMode  quota.Limiter
-	hybridMode quota.Limiter
-	resets     *redisstore.Resets // counter resets between replicas; set once the counters API exists
+	*redisstore.Opened
+	clients *redisstore.Clients
+	resets  *redisstore.Resets // counter resets between replicas; set once the counters API exists
 }
 
 // connectRedis builds the client and the Redis-backed limiters. An
@@ -66,7 +60,7 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 		Name:     "extauthz",
 	}
 	if rc.TLS != nil {
-		tc, err := clientTLS(rc.TLS)
+		tc, err := ClientTLS(rc.TLS)
 		if err != nil {
 			return nil, err
 		}
@@ -94,25 +88,30 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 			"addrs", strings.Join(rc.Addrs, ","), "error", err.Error())
 	}
 
-	table, err := redisstore.NewTable(cfg.Local.MaxKeys)
+	opened, err := redisstore.Open(clients.Pipe, clients.Close, redisstore.OpenOptions{
+		Store:   clients.StoreOptions(redisstore.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Metrics: redisstore.NewMetrics(reg), Log: log}),
+		MaxKeys: cfg.Local.MaxKeys,
+		Counts:  counts,
+		Warm: func(store *redisstore.Store) error {
+			if pingErr != nil {
+				return nil // the scripts load on first use once Redis answers
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if werr := store.Warm(ctx); werr != nil {
+				log.Warn("loading scripts into redis", "error", werr.Error())
+			}
+			return nil
+		},
+		ReplicaID: redisstore.ReplicaID(os.Getenv(ReplicaIDEnv)),
+		PeerTTL:   cfg.Fallback.PeerTTL,
+		MinPeers:  cfg.Fallback.MinPeers,
+		Hybrid:    redisstore.HybridOptions{SliceIdle: cfg.Local.SliceIdle, LeaseTTL: cfg.Local.LeaseTTL, Log: log},
+	})
 	if err != nil {
 		return nil, err
 	}
-	p := &redisParts{clients: clients, table: table}
-	p.store = redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Metrics: redisstore.NewMetrics(reg), Log: log}))
-	if pingErr == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		if werr := p.store.Warm(ctx); werr != nil {
-			log.Warn("loading scripts into redis", "error", werr.Error())
-		}
-		cancel()
-	}
-	p.peers = redisstore.NewPeers(p.store, redisstore.ReplicaID(os.Getenv(ReplicaIDEnv)), cfg.Fallback.PeerTTL, cfg.Fallback.MinPeers, log)
-	p.hybrid = redisstore.NewHybrid(table, p.store, p.peers, redisstore.HybridOptions{SliceIdle: cfg.Local.SliceIdle, LeaseTTL: cfg.Local.LeaseTTL, Log: log})
-	fallback := local.NewFallback(counts)
-	p.redisMode = redisstore.NewResilient(redisstore.NewRedis(p.store, table), table, fallback, p.peers, p.store)
-	p.hybridMode = redisstore.NewResilient(p.hybrid, p.hybrid, fallback, p.peers, p.store)
-	return p, nil
+	return &redisParts{Opened: opened, clients: clients}, nil
 }
 
 func isAuthError(err error) bool {
@@ -125,20 +124,17 @@ func isAuthError(err error) bool {
 	return false
 }
 
-// close gives unspent hybrid tokens back, stops listening for counter
-// resets, leaves the heartbeat set and closes the client. It is safe on a
+// close stops listening for counter resets, gives unspent hybrid tokens
+// back, leaves the heartbeat set and closes the client. It is safe on a
 // nil receiver.
 func (p *redisParts) close(log *slog.Logger) {
 	if p == nil {
 		return
 	}
+	p.resets.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	p.hybrid.Close(ctx) // first: unspent tokens go back within the deadline
-	p.resets.Close()
-	p.peers.Close(ctx)
-	p.store.Close()
-	if err := p.clients.Close(); err != nil {
+	if err := p.Opened.Close(ctx); err != nil {
 		log.Warn("closing redis client", "error", err.Error())
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package sidecar
 
 import (
 	"crypto/tls"
@@ -9,9 +9,9 @@ import (
 	"github.com/extauthz/extauthz/internal/config"
 )
 
-// clientTLS builds a client TLS configuration: for connecting to Redis, and
+// ClientTLS builds a client TLS configuration: for connecting to Redis, and
 // for `extauthz check` against a TLS listener.
-func clientTLS(c *config.ClientTLS) (*tls.Config, error) {
+func ClientTLS(c *config.ClientTLS) (*tls.Config, error) {
 	tc := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		ServerName:         c.ServerName,
