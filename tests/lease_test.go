@@ -11,11 +11,12 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 // Hybrid leases through the real binary at the shipped defaults (lease
-// life 30s, slice idle 1s): what the design note in
+// life 60s, slice idle 1s): what the design note in
 // internal/quota/redisstore/hybrid.go promises, end to end.
 
 // userRequest asks for / as user, with cost when it is not "".
@@ -87,7 +88,7 @@ policies:
 			admitted, capacity-20, held, refill, limit)
 	}
 
-	// The victim's leases end at most a lease life (30s) and a quarter of
+	// The victim's leases end at most a lease life (60s) and a quarter of
 	// it after they were granted; then nothing is out and the bucket
 	// refills to full in capacity ÷ rate. Wait for that on Redis's side.
 	rdb := srv.Client()
@@ -95,7 +96,7 @@ policies:
 	if fields := rdb.HGetAll(context.Background(), key).Val(); !hasLease(fields) {
 		t.Fatalf("no lease counted out in Redis after the kill: %v", fields)
 	}
-	deadline := time.Now().Add(30*time.Second + 7500*time.Millisecond + capacity/rate*time.Second + 10*time.Second)
+	deadline := time.Now().Add(redisstore.DefaultLeaseTTL*5/4 + capacity/rate*time.Second + 10*time.Second)
 	for {
 		fields, err := rdb.HGetAll(context.Background(), key).Result()
 		if err != nil {
@@ -122,7 +123,7 @@ policies:
 // Many keys, each far from its limit, each seen a few times per replica
 // within a lease's life: each replica leases each key once. The first
 // slice is the replica's share of a lease life's refill (1,000 a minute ×
-// 30s ÷ 3 replicas = 167), capped at a quarter of the bucket over three
+// 60s ÷ 3 replicas = 333), capped at a quarter of the bucket over three
 // replicas (83), more than the ~7 decisions each replica makes for a key
 // here, so every later decision is spent locally: at most one lease call
 // per key per replica (300 keys × 3), about 150 per 1,000 decisions,
@@ -172,7 +173,7 @@ func hasLease(fields map[string]string) bool {
 // A busy key under a window algorithm leases too, through Check and
 // through the rate limit service (a descriptor of an envoyproxy/ratelimit
 // file is a fixed window): far from its limit each replica's first lease
-// is its share of the window (1,000,000 × 30s/1m ÷ 3), capped at a
+// is its share of the window (1,000,000 × 1m/1m ÷ 3), capped at a
 // quarter of the limit over three replicas (83,333), which covers the
 // whole run. A lease dies with its window, and a replica ends it a
 // little early (1% of its life, and by however late its request's clock

@@ -124,11 +124,11 @@ policies:
 	perThousand := float64(calls) / (n / 1000)
 	t.Logf("%d decisions in %v (%.0f per second per replica): %d script calls, %.2f per 1,000 (heartbeats included)",
 		n, res.Elapsed.Round(time.Millisecond), res.Throughput/3, calls, perThousand)
-	// Per replica: a heartbeat a second and a lease per lease life (30s,
+	// Per replica: a heartbeat a second and a lease per lease life (60s,
 	// less the 1% a replica stops early), one more of each for the
 	// instants the run straddles. The slice, a quarter of the bucket
 	// over three replicas, outlasts the run.
-	life := 29700 * time.Millisecond
+	life := 59400 * time.Millisecond
 	perReplica := int64(res.Elapsed/time.Second) + 1 + int64(res.Elapsed/life) + 1
 	if bound := 3 * perReplica; calls > bound {
 		t.Fatalf("%d Redis calls in %v; a heartbeat a second and a lease per lease life on 3 replicas make at most %d", calls, res.Elapsed, bound)

@@ -61,7 +61,7 @@ func TestFullExample(t *testing.T) {
 	if c.Redis == nil || c.Redis.Timeout != 20*time.Millisecond || c.Redis.KeyPrefix != "rl:" || len(c.Redis.Addrs) != 1 {
 		t.Fatalf("redis = %+v", c.Redis)
 	}
-	if c.DefaultMode != ModeHybrid || c.Local.MaxKeys != 100000 || c.Local.SliceIdle != time.Second || c.Local.LeaseTTL != 30*time.Second {
+	if c.DefaultMode != ModeHybrid || c.Local.MaxKeys != 100000 || c.Local.SliceIdle != time.Second || c.Local.LeaseTTL != 60*time.Second {
 		t.Fatalf("mode/local = %v %+v", c.DefaultMode, c.Local)
 	}
 	if c.Listen.HTTP != "127.0.0.1:9002" || c.HTTP != (HTTP{URIHeader: "x-original-url", MethodHeader: "x-original-method"}) {

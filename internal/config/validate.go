@@ -31,7 +31,7 @@ const (
 	DefaultKeyPrefix  = "rl:"
 	DefaultMaxKeys    = 100_000
 	DefaultSliceIdle  = time.Second
-	DefaultLeaseTTL   = 30 * time.Second
+	DefaultLeaseTTL   = 60 * time.Second
 	maxLeaseTTL       = 10 * time.Minute
 	DefaultPeerTTL    = 15 * time.Second
 	DefaultMinPeers   = 2

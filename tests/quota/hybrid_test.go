@@ -220,9 +220,9 @@ func TestHybridDenialIsCached(t *testing.T) {
 // A busy key far from its limit: its first slice is a quarter of the
 // bucket over the replicas (833,333 of 10,000,000 over three), which
 // outlasts a lease's life at 5,000 decisions a second, so the replica
-// leases once per lease life (its 30s, less the 1% it stops early: 29.7s)
+// leases once per lease life (its 60s, less the 1% it stops early: 59.4s)
 // and never in between. 300,000 decisions at 5,000 a second (60s) after
-// the first lease make floor(60s / 29.7s) = 2 calls: 0.007 per 1,000.
+// the first lease make floor(60s / 59.4s) = 1 call: 0.003 per 1,000.
 func TestHybridCallsPerThousand(t *testing.T) {
 	srv := testredis.Start(t)
 	clk := newClock()

@@ -17,7 +17,7 @@ import (
 // with no I/O until the slice runs out or the lease ends; the next lease
 // call retires the previous one, giving back what was not spent.
 //
-// Leases live for LeaseTTL (30s by default), long enough for a key that
+// Leases live for LeaseTTL (60s by default), long enough for a key that
 // comes back to a replica every few seconds to find tokens waiting. That
 // is safe because Redis counts what is out: bucket_state.lua keeps the
 // tokens of unexpired leases by expiry (a handful of fields per key, not
@@ -92,7 +92,7 @@ type flight struct {
 
 // DefaultLeaseTTL is how long a lease may be spent when HybridOptions
 // leaves it zero (config.DefaultLeaseTTL).
-const DefaultLeaseTTL = 30 * time.Second
+const DefaultLeaseTTL = 60 * time.Second
 
 // leaseMargin is taken off a lease's life on the replica: Redis counts
 // the lease until its expiry rounded up to the grain, and the replica
