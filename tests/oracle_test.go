@@ -88,24 +88,19 @@ func roundRobin(n int64, _ time.Duration, count int) int { return int(n) % count
 // each replica's slices of the keys go idle while another spends them.
 func movingLoad(_ int64, since time.Duration, count int) int { return int(since/time.Second) % count }
 
-func TestAccuracyOracle(t *testing.T) {
-	for _, mode := range []string{"redis", "hybrid"} {
-		t.Run(mode, func(t *testing.T) {
-			srv := testredis.Start(t)
-			replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, mode, oraclePolicy))
-			runOracle(t, replicas, roundRobin)
-			assertNotDegraded(t, replicas)
-		})
-	}
-}
+func TestAccuracyOracle(t *testing.T) { runOracleModes(t, roundRobin) }
 
 // The same with the load moving from one replica to the next every second.
-func TestAccuracyOracleLoadMoves(t *testing.T) {
+func TestAccuracyOracleLoadMoves(t *testing.T) { runOracleModes(t, movingLoad) }
+
+// runOracleModes runs the oracle in redis and hybrid mode, three replicas
+// at the defaults, each request to the replica pick chooses.
+func runOracleModes(t *testing.T, pick func(n int64, since time.Duration, count int) int) {
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := testredis.Start(t)
 			replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, mode, oraclePolicy))
-			runOracle(t, replicas, movingLoad)
+			runOracle(t, replicas, pick)
 			assertNotDegraded(t, replicas)
 		})
 	}
