@@ -71,7 +71,6 @@ type slice struct {
 	until       time.Time // this replica spends the lease until then
 	window      time.Duration
 	capacity    int64           // of the limit leased under
-	interval    int64           // ns per token of the limit last leased under
 	algorithm   quota.Algorithm // of the lease held
 	deniedUntil int64           // unix ns until which the Redis count is known spent
 	fullAt      int64           // unix ns at which the Redis bucket is full, as of the last lease
@@ -319,11 +318,17 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		// round with the lock held); the rest is the lease held.
 		e.tokens, e.granted, e.leaseID = ls.granted, ls.granted-n, ls.id
 		e.until = now.Add(ls.life - ls.life/leaseMargin)
-		e.algorithm, e.window, e.capacity, e.interval = l.Algorithm, l.Window, capacityOf(l), l.Interval()
+		e.algorithm, e.window, e.capacity = l.Algorithm, l.Window, capacityOf(l)
 		if e.granted > 0 {
 			h.holdLocked(key, e)
 		}
 	}
+}
+
+// heldBack is the give-back of the lease e holds for key, unspent tokens
+// and all.
+func heldBack(key string, e *keyState, reason string) giveback {
+	return giveback{key: key, algorithm: e.algorithm, window: e.window, lease: held{id: e.leaseID, granted: e.granted, unspent: e.tokens}, reason: reason}
 }
 
 // leased is one lease call's outcome, for any algorithm that leases.
@@ -351,7 +356,7 @@ func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time
 		return
 	}
 	if e.algorithm != l.Algorithm {
-		h.enqueue(giveback{key: key, algorithm: e.algorithm, window: e.window, lease: held{id: e.leaseID, granted: e.granted, unspent: e.tokens}, reason: "reload"})
+		h.enqueue(heldBack(key, e, "reload"))
 		e.tokens, e.granted, e.leaseID = 0, 0, 0
 		return
 	}
@@ -463,7 +468,7 @@ func (h *Hybrid) evicted(key string, e *keyState) {
 		if !h.opts.Now().Before(e.until) {
 			h.expireLocked(e)
 		}
-		h.enqueue(giveback{key: key, algorithm: e.algorithm, window: e.window, lease: held{id: e.leaseID, granted: e.granted, unspent: e.tokens}, reason: "evicted"})
+		h.enqueue(heldBack(key, e, "evicted"))
 		e.tokens, e.granted, e.leaseID = 0, 0, 0
 	}
 }
@@ -559,7 +564,7 @@ func (h *Hybrid) Sweep(now time.Time, idle time.Duration, reason string) {
 			delete(h.holders, key)
 			e.holding = false
 		case ns-e.lastUsed >= int64(idle) && e.flight == nil && (reason != "idle" || 2*e.remote < e.capacity):
-			g = giveback{key: key, algorithm: e.algorithm, window: e.window, lease: held{id: e.leaseID, granted: e.granted, unspent: e.tokens}, reason: reason}
+			g = heldBack(key, e, reason)
 			e.tokens, e.granted, e.leaseID = 0, 0, 0
 			delete(h.holders, key)
 			e.holding = false
