@@ -29,7 +29,7 @@ type Server struct {
 	authv3.UnimplementedAuthorizationServer
 
 	running *engine.Running // the configuration in force, shared with the other doors
-	door    *engine.Door
+	door    *engine.DoorMetrics
 	now     func() time.Time
 	// current is the running Engine with the response parts this door
 	// renders for it, rendered on the first Check after each swap.

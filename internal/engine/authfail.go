@@ -38,12 +38,12 @@ func (e *Engine) compileAuthFailures(af *config.Plan, limiters Limiters, m *Metr
 		OnMissingKey: config.MissingAnonymous,
 	}
 	e.authFail = &Policy{
-		Policy:   pc,
-		Index:    len(e.policies),
-		limiter:  lim,
-		fixed:    e.newLimit(pc, af.Limit, af.Window, af.Burst, nil),
-		prefix:   AuthFailuresPolicy,
-		counters: m.forPolicy(AuthFailuresPolicy, string(config.ModeLocal)),
+		Policy:          pc,
+		Index:           len(e.policies),
+		limiter:         lim,
+		fixed:           e.newLimit(pc, af.Limit, af.Window, af.Burst, nil),
+		prefix:          AuthFailuresPolicy,
+		decisionMetrics: m.forPolicy(AuthFailuresPolicy, string(config.ModeLocal)),
 	}
 	e.authPeek = peek
 	return nil

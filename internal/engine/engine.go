@@ -71,7 +71,7 @@ type Policy struct {
 	fixed   Limit            // the policy's own limit, unless UsePlan
 	plans   map[string]Limit // UsePlan: by plan name; "" holds plans.default
 	prefix  string           // partition key prefix: the escaped name
-	counters
+	decisionMetrics
 	costReader *costReader        // nil for a constant cost
 	unlimited  prometheus.Counter // decisions of unlimited limits; nil when the policy has none
 	// unknownPlan counts plan_from names that are not plans; nil
@@ -140,12 +140,12 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 			return nil, fmt.Errorf("policy %q: mode %s needs Redis, and this process started without a redis section (adding one takes a restart)", pc.Name, pc.Mode)
 		}
 		p := &Policy{
-			Policy:   pc,
-			Index:    i,
-			limiter:  lim,
-			prefix:   string(appendEscaped(nil, pc.Name)),
-			counters: m.forPolicy(pc.Name, string(pc.Mode)),
-			top:      e.usage.tracker(pc.Name),
+			Policy:          pc,
+			Index:           i,
+			limiter:         lim,
+			prefix:          string(appendEscaped(nil, pc.Name)),
+			decisionMetrics: m.forPolicy(pc.Name, string(pc.Mode)),
+			top:             e.usage.tracker(pc.Name),
 		}
 		if pc.Cost.From != config.CostConstant {
 			p.costReader = m.forCost(pc.Name)

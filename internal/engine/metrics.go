@@ -75,17 +75,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// Door is one door's view of the metrics: its requests counted under its
-// name, with the label lookups done once.
-type Door struct {
+// DoorMetrics is one door's view of the metrics: its requests counted
+// under its name, with the label lookups done once.
+type DoorMetrics struct {
 	outcomes [outcomeCount]prometheus.Counter
 	duration prometheus.Observer
 }
 
-// Door returns the counters of the door called name ("grpc" for Envoy's
+// Door returns the metrics of the door called name ("grpc" for Envoy's
 // ext_authz Check, "http" for the HTTP door), creating its series.
-func (m *Metrics) Door(name string) *Door {
-	d := &Door{duration: m.CheckDuration.WithLabelValues(name)}
+func (m *Metrics) Door(name string) *DoorMetrics {
+	d := &DoorMetrics{duration: m.CheckDuration.WithLabelValues(name)}
 	for o := Outcome(0); o < outcomeCount; o++ {
 		d.outcomes[o] = m.Checks.WithLabelValues(name, o.String())
 	}
@@ -94,20 +94,20 @@ func (m *Metrics) Door(name string) *Door {
 
 // Observe counts one answered request: its outcome and how long it took,
 // in seconds.
-func (d *Door) Observe(o Outcome, seconds float64) {
+func (d *DoorMetrics) Observe(o Outcome, seconds float64) {
 	d.outcomes[o].Inc()
 	d.duration.Observe(seconds)
 }
 
-// counters are one policy's decision counters, resolved once per
-// configuration so the hot path does no label lookups.
-type counters struct {
+// decisionMetrics are one policy's decision counts in Prometheus,
+// resolved once per configuration so the hot path does no label lookups.
+type decisionMetrics struct {
 	allowed, denied, shadowDenied, refunded prometheus.Counter
 	degraded                                [4]prometheus.Counter // by quota.Degraded
 }
 
-func (m *Metrics) forPolicy(name, mode string) counters {
-	c := counters{
+func (m *Metrics) forPolicy(name, mode string) decisionMetrics {
+	c := decisionMetrics{
 		allowed:      m.Decisions.WithLabelValues(name, mode, "allowed"),
 		denied:       m.Decisions.WithLabelValues(name, mode, "denied"),
 		shadowDenied: m.Decisions.WithLabelValues(name, mode, "shadow_denied"),

@@ -30,7 +30,7 @@ const Door = "http"
 // Server is the HTTP door, an http.Handler. Safe for concurrent use.
 type Server struct {
 	running *engine.Running
-	door    *engine.Door
+	door    *engine.DoorMetrics
 	now     func() time.Time
 	log     *slog.Logger // decisions that failed; nil: none logged
 	// current is the running Engine with what this door derives from it,

@@ -49,7 +49,7 @@ type Server struct {
 
 	limiters engine.Limiters
 	metrics  *engine.Metrics
-	door     *engine.Door
+	door     *engine.DoorMetrics
 	own      *Metrics
 	now      func() time.Time
 	hold     engine.HoldFunc

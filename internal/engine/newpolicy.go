@@ -27,11 +27,11 @@ func NewPolicy(p config.Policy, limiters Limiters, m *Metrics) (*Policy, error) 
 		return nil, fmt.Errorf("%s: limit: plan applies to the policies of a configuration only", p.Name)
 	}
 	pol := &Policy{
-		Policy:   p,
-		Index:    -1,
-		limiter:  lim,
-		prefix:   string(appendEscaped(nil, p.Name)),
-		counters: m.forPolicy(p.Name, string(p.Mode)),
+		Policy:          p,
+		Index:           -1,
+		limiter:         lim,
+		prefix:          string(appendEscaped(nil, p.Name)),
+		decisionMetrics: m.forPolicy(p.Name, string(p.Mode)),
 	}
 	pol.fixed = pol.NewLimit(p.Limit, p.Window)
 	return pol, nil
@@ -57,7 +57,7 @@ func (p *Policy) NewLimit(n int64, window time.Duration) Limit {
 // series: the caller bounds how many names it uses.
 func (p *Policy) CountedAs(name string, m *Metrics) *Policy {
 	c := *p
-	c.counters = m.forPolicy(name, string(p.Mode))
+	c.decisionMetrics = m.forPolicy(name, string(p.Mode))
 	return &c
 }
 
