@@ -112,7 +112,7 @@ func TestPoliciesMatchedCap(t *testing.T) {
 		t.Fatalf("want one warning naming the config, got:\n%s", logs.String())
 	}
 	// A reload is a new configuration: its first refusal is logged again.
-	if err := srv.Update(cfg); err != nil {
+	if err := e.Running.Update(cfg); err != nil {
 		t.Fatal(err)
 	}
 	srv.Check(context.Background(), NewRequest(RequestSpec{Method: "GET", Path: "/"}))

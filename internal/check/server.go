@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 
-	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
 	"github.com/extauthz/extauthz/internal/tracing"
 )
@@ -28,25 +27,17 @@ const Door = "grpc"
 type Server struct {
 	authv3.UnimplementedAuthorizationServer
 
-	running *engine.Running // the configuration in force, shared with the other doors
-	door    *engine.DoorMetrics
-	now     func() time.Time
-	// current is the running Engine with the response parts this door
-	// renders for it, rendered on the first Check after each swap.
-	current atomic.Pointer[compiled]
+	door *engine.DoorMetrics
+	now  func() time.Time
+	// rendered holds the response parts this door renders once per
+	// configuration.
+	rendered *engine.PerEngine[prerendered]
 
 	log         *slog.Logger // sampled decision log, at debug level
 	sampleEvery uint64       // log one decision in this many; 0: none
 	sampled     atomic.Uint64
 
 	tracer *tracing.Tracer // nil: no spans
-}
-
-// compiled is one configuration: the engine and the response parts this
-// door renders once per configuration.
-type compiled struct {
-	eng *engine.Engine
-	pre *prerendered
 }
 
 // Option configures a Server.
@@ -78,36 +69,12 @@ func WithTracer(t *tracing.Tracer) Option { return func(s *Server) { s.tracer = 
 // NewServer returns a Server deciding with running, the configuration the
 // process's doors share: a reload compiles it once for all of them.
 func NewServer(running *engine.Running, opts ...Option) *Server {
-	s := &Server{running: running, door: running.Metrics().Door(Door)}
+	s := &Server{door: running.Metrics().Door(Door), rendered: engine.NewPerEngine(running, prerender)}
 	for _, o := range opts {
 		o(s)
 	}
 	return s
 }
-
-// Update compiles cfg and makes it the running configuration, for every
-// door sharing it. On error the running configuration stays.
-func (s *Server) Update(cfg *config.Config) error { return s.running.Update(cfg) }
-
-// Config returns the running configuration.
-func (s *Server) Config() *config.Config { return s.running.Config() }
-
-// compiled returns the running Engine with this door's parts rendered for
-// it. After a swap, the first Checks render them (concurrent ones may
-// each do so; the last store wins, and a stale one is replaced at the
-// next Check).
-func (s *Server) compiled() *compiled {
-	eng := s.running.Engine()
-	if c := s.current.Load(); c != nil && c.eng == eng {
-		return c
-	}
-	c := &compiled{eng: eng, pre: prerender(eng)}
-	s.current.Store(c)
-	return c
-}
-
-// Engine returns the running configuration's engine, for the admin API.
-func (s *Server) Engine() *engine.Engine { return s.running.Engine() }
 
 // Check implements envoy.service.auth.v3.Authorization.
 func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
@@ -120,11 +87,11 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 		s.door.Observe(engine.Failed, time.Since(start).Seconds())
 		return undecodableResponse, nil
 	}
-	c := s.compiled()
+	eng, pre := s.rendered.Get()
 	r := newRequest(req)
 	ctx, span := s.tracer.StartCheck(ctx, r.Headers)
 	var v engine.Verdict
-	err := c.eng.Decide(ctx, &r, now, &v)
+	err := eng.Decide(ctx, &r, now, &v)
 	var resp *authv3.CheckResponse
 	switch {
 	case err != nil && v.Outcome == engine.Canceled:
@@ -132,9 +99,9 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	case err != nil:
 		err = grpcstatus.Errorf(codes.Internal, "%v", err)
 	case v.Outcome == engine.OK:
-		resp = c.pre.allow(&v, c.eng.Config())
+		resp = pre.allow(&v, eng.Config())
 	default:
-		resp = c.pre.deny(&v, c.eng.Config())
+		resp = pre.deny(&v, eng.Config())
 	}
 	took := time.Since(start)
 	s.door.Observe(v.Outcome, took.Seconds())

@@ -24,17 +24,18 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // fixture is a Server on a frozen clock with a local cache.
 type fixture struct {
-	t     *testing.T
-	srv   *Server
-	cache *local.Table
-	m     *engine.Metrics
-	now   time.Time
+	t       *testing.T
+	srv     *Server
+	running *engine.Running
+	cache   *local.Table
+	m       *engine.Metrics
+	now     time.Time
 }
 
 func newFixture(t *testing.T, yaml string) *fixture {
 	t.Helper()
 	e := enginetest.New(t, enginetest.Parse(t, yaml))
-	f := &fixture{t: t, now: t0, m: e.Metrics(), cache: e.Counts}
+	f := &fixture{t: t, now: t0, m: e.Metrics(), cache: e.Counts, running: e.Running}
 	f.srv = NewServer(e.Running, WithClock(func() time.Time { return f.now }))
 	return f
 }
@@ -481,7 +482,7 @@ func TestUpdateKeepsCounts(t *testing.T) {
 	f.check(RequestSpec{})
 	f.check(RequestSpec{})
 	cfg, _ := config.Parse([]byte("policies:\n  - {name: p, limit: 3, window: 1m}\n"), "new")
-	if err := f.srv.Update(cfg); err != nil {
+	if err := f.running.Update(cfg); err != nil {
 		t.Fatal(err)
 	}
 	if r := f.check(RequestSpec{}); !allowed(r) {

@@ -41,3 +41,43 @@ func TestRunningUpdate(t *testing.T) {
 		t.Fatal("a failed Update replaced the running Engine")
 	}
 }
+
+// A door's derived parts are derived once per Engine: again after a
+// reload, never per request, and always from the Engine returned with them.
+func TestPerEngineDerivesOncePerConfiguration(t *testing.T) {
+	parse := func(yaml string) *config.Config {
+		cfg, err := config.Parse([]byte(yaml), "test.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	cache, err := local.NewTable(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRunning(parse("policies: [{name: a, limit: 1, window: 1s}]"), Limiters{config.ModeLocal: local.New(cache)}, NewMetrics(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	derivations := 0
+	p := NewPerEngine(r, func(e *Engine) *string {
+		derivations++
+		name := e.Policies()[0].Name
+		return &name
+	})
+	for range 3 {
+		if e, name := p.Get(); *name != "a" || e != r.Engine() {
+			t.Fatalf("derived %q from %p, running %p", *name, e, r.Engine())
+		}
+	}
+	if derivations != 1 {
+		t.Fatalf("derived %d times for one configuration, want 1", derivations)
+	}
+	if err := r.Update(parse("policies: [{name: b, limit: 1, window: 1s}]")); err != nil {
+		t.Fatal(err)
+	}
+	if e, name := p.Get(); *name != "b" || e != r.Engine() || derivations != 2 {
+		t.Fatalf("after the reload: derived %q (%d derivations)", *name, derivations)
+	}
+}

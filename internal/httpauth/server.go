@@ -18,7 +18,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/extauthz/extauthz/internal/engine"
@@ -29,21 +28,18 @@ const Door = "http"
 
 // Server is the HTTP door, an http.Handler. Safe for concurrent use.
 type Server struct {
-	running *engine.Running
-	door    *engine.DoorMetrics
-	now     func() time.Time
-	log     *slog.Logger // decisions that failed; nil: none logged
-	// current is the running Engine with what this door derives from it,
-	// derived on the first request after each swap.
-	current atomic.Pointer[compiled]
+	door *engine.DoorMetrics
+	now  func() time.Time
+	log  *slog.Logger // decisions that failed; nil: none logged
+	// compiled is what this door derives from each configuration.
+	compiled *engine.PerEngine[compiled]
 }
 
-// compiled is one configuration as this door uses it: the Engine, the
-// configured header names in Go's canonical form (looked up with no
-// allocation), and the header values shared, read-only, by every answer
-// about a limit or a client, indexed by the engine's numbering.
+// compiled is one configuration as this door uses it: the configured
+// header names in Go's canonical form (looked up with no allocation), and
+// the header values shared, read-only, by every answer about a limit or a
+// client, indexed by the engine's numbering.
 type compiled struct {
-	eng                 *engine.Engine
 	uriKey, methodKey   string     // http.uri_header, http.method_header, canonical
 	uriName, methodName string     // the same, as configured (lower case)
 	policyVals          [][]string // RateLimit-Policy, by Limit.Index
@@ -56,7 +52,6 @@ type compiled struct {
 func compile(eng *engine.Engine) *compiled {
 	h := eng.Config().HTTP
 	c := &compiled{
-		eng:    eng,
 		uriKey: http.CanonicalHeaderKey(h.URIHeader), methodKey: http.CanonicalHeaderKey(h.MethodHeader),
 		uriName: h.URIHeader, methodName: h.MethodHeader,
 		policyVals: make([][]string, eng.LimitCount()),
@@ -92,19 +87,6 @@ func (c *compiled) headers(h http.Header, m map[string]string) map[string]string
 	return m
 }
 
-// compiled returns the running configuration as this door uses it. After
-// a swap, the first requests derive it (concurrent ones may each do so;
-// a stale store is replaced at the next request).
-func (s *Server) compiled() *compiled {
-	eng := s.running.Engine()
-	if c := s.current.Load(); c != nil && c.eng == eng {
-		return c
-	}
-	c := compile(eng)
-	s.current.Store(c)
-	return c
-}
-
 // Option configures a Server.
 type Option func(*Server)
 
@@ -119,7 +101,7 @@ func WithLog(log *slog.Logger) Option { return func(s *Server) { s.log = log } }
 // New returns the HTTP door deciding with running, the configuration the
 // process's doors share.
 func New(running *engine.Running, opts ...Option) *Server {
-	s := &Server{running: running, door: running.Metrics().Door(Door)}
+	s := &Server{door: running.Metrics().Door(Door), compiled: engine.NewPerEngine(running, compile)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -166,8 +148,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NewResponseController(w).SetReadDeadline(time.Now())
 		w.Header()["Connection"] = []string{"close"}
 	}
-	c := s.compiled()
-	eng, cfg := c.eng, c.eng.Config()
+	eng, c := s.compiled.Get()
+	cfg := eng.Config()
 	sc := scratches.Get().(*scratch)
 	defer sc.release()
 	conv, bad := newRequest(r, c, sc.headers, &sc.req)

@@ -387,9 +387,9 @@ func TestDoorsShareTheRunningConfiguration(t *testing.T) {
 		t.Fatalf("fourth order, by gRPC: %v", resp.GetStatus())
 	}
 
-	// A reload through either door is seen by both.
+	// A reload of the running configuration is seen by both doors.
 	next := strings.Replace(ordersYAML, "limit: 3", "limit: 7", 1)
-	if err := grpcDoor.Update(parse(t, next)); err != nil {
+	if err := f.running.Update(parse(t, next)); err != nil {
 		t.Fatal(err)
 	}
 	if resp := f.nginx("POST", "/orders", "X-Api-Key", "key-ada"); resp.Header.Get("RateLimit-Policy") != `"orders";q=7;w=60` {
