@@ -146,7 +146,7 @@ func slug(title string) string {
 func TestSlug(t *testing.T) {
 	for title, want := range map[string]string{
 		"The HTTP door: nginx, Caddy, Traefik, Envoy `http_service`": "the-http-door-nginx-caddy-traefik-envoy-http_service",
-		"Key distributions in steady state (issue 24)":               "key-distributions-in-steady-state-issue-24",
+		"Key distributions in steady state (hybrid)":                 "key-distributions-in-steady-state-hybrid",
 		"`rls`: Envoy's rate limit service":                          "rls-envoys-rate-limit-service",
 		"Leaky bucket: `queue` and `max_delay`":                      "leaky-bucket-queue-and-max_delay",
 	} {

@@ -12,8 +12,8 @@ import (
 
 // The answers: 200 allows, anything else denies. Header values and problem
 // bodies come from the engine (render.go), so every door says the same;
-// which proxy copies what where is its configuration's business (the
-// README's sections and proxies/).
+// which proxy copies what where is its configuration's business
+// (docs/http-door.md and proxies/).
 
 // Response headers, spelt as the specifications spell them. They are set
 // in the header map directly: net/http would otherwise canonicalise
