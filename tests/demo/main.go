@@ -35,6 +35,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/check"
+	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/quota"
 	"github.com/extauthz/extauthz/internal/quota/local"
 	"github.com/extauthz/extauthz/internal/quota/redisstore"
@@ -301,20 +302,32 @@ var burstStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 func boundaryBurst(rdb *redis.Client) error {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	clk := &fakeClock{}
-	store := redisstore.NewStore(rdb, redisstore.StoreOptions{Prefix: "demo:", Timeout: time.Second, Log: quiet, Clock: clk.Now})
-	defer store.Close()
 	counts, err := local.NewTable(1000)
 	if err != nil {
 		return err
 	}
-	levels, err := redisstore.NewTable(1000)
+	// The limiters production wires (redisstore.Open, as internal/sidecar
+	// calls it at the shipped defaults), over the demo's Redis, with
+	// StoreOptions.Clock and the hybrid sweeper's clock standing in for
+	// the wall clock.
+	cfg := config.Default()
+	opened, err := redisstore.Open(rdb, nil, redisstore.OpenOptions{
+		Store:     redisstore.StoreOptions{Prefix: "demo:", Timeout: config.DefaultTimeout, Log: quiet, Clock: clk.Now},
+		MaxKeys:   cfg.Local.MaxKeys,
+		Counts:    counts,
+		ReplicaID: "demo",
+		PeerTTL:   cfg.Fallback.PeerTTL,
+		MinPeers:  1, // the demo's one process: its fallback would be the whole limit
+		Hybrid:    redisstore.HybridOptions{SliceIdle: cfg.Local.SliceIdle, LeaseTTL: cfg.Local.LeaseTTL, Log: quiet, Now: clk.Now},
+	})
 	if err != nil {
 		return err
 	}
+	defer opened.Close(context.Background())
 	limiters := []struct {
 		name string
 		lim  quota.Limiter
-	}{{"local", local.New(counts)}, {"redis", redisstore.NewRedis(store, levels)}}
+	}{{"local", local.New(counts)}, {"redis", opened.Redis}, {"hybrid", opened.Hybrid}}
 	ctx := context.Background()
 	burst := func(lim quota.Limiter, key string, l quota.Limit, n int) (int, quota.Decision, error) {
 		admitted, first, rejected := 0, quota.Decision{}, false
