@@ -351,7 +351,7 @@ func boundaryBurst(rdb *redis.Client) error {
 	for _, lm := range limiters {
 		for _, a := range []quota.Algorithm{quota.TokenBucket, quota.SlidingWindow, quota.FixedWindow, quota.SlidingLog, quota.LeakyBucket} {
 			l := quota.Limit{Algorithm: a, Limit: 100, Window: time.Minute, Queue: -1, MaxDelay: 100 * time.Millisecond}
-			key := "burst:" + a.String()
+			key := lm.name + ":burst:" + a.String() // redis and hybrid modes share keys: one bucket
 			clk.At(59900 * time.Millisecond)
 			n1, _, err := burst(lm.lim, key, l, 100)
 			if err != nil {
@@ -380,11 +380,11 @@ func boundaryBurst(rdb *redis.Client) error {
 	for _, lm := range limiters {
 		l := quota.Limit{Algorithm: quota.SlidingWindow, Limit: 100, Window: time.Minute}
 		clk.At(30 * time.Second)
-		if _, _, err := burst(lm.lim, "formula", l, 70); err != nil {
+		if _, _, err := burst(lm.lim, lm.name+":formula", l, 70); err != nil {
 			return err
 		}
 		clk.At(75 * time.Second)
-		n, first, err := burst(lm.lim, "formula", l, 100)
+		n, first, err := burst(lm.lim, lm.name+":formula", l, 100)
 		if err != nil {
 			return err
 		}

@@ -360,3 +360,41 @@ func BenchmarkHybridLeasedSlice(b *testing.B) {
 	}
 	b.ReportMetric(leaseCalls(m)/float64(b.N)*1000, "leases/1k")
 }
+
+// A sliding window's estimate weighs the previous window's admissions, not
+// what a replica leased and never spent: the unspent units of a lease that
+// ended with its window go back with the key's next lease call, so the
+// next window admits what an exact count allows (the weighted formula:
+// 70 admitted at 30s of a 1m window, then at 75s ⌊100 − 70 × 45/60⌋ = 47,
+// as redis mode and the Go algorithm admit).
+func TestHybridWindowLeaseLapsedUnitsComeBack(t *testing.T) {
+	srv := testredis.Start(t)
+	clk := newClock()
+	start := clk.Now().Truncate(time.Minute).Add(time.Minute)
+	rep := newReplicas(t, srv.Client(), clk, 1, 1000, time.Hour)[0]
+	ctx := context.Background()
+	l := quota.Limit{Algorithm: quota.SlidingWindow, Limit: 100, Window: time.Minute}
+	take := func(n int) (admitted int) {
+		for range n {
+			d, err := rep.h.Take(ctx, "formula", l, 1, clk.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		return admitted
+	}
+	clk.Set(start.Add(30 * time.Second))
+	if got := take(70); got != 70 {
+		t.Fatalf("first window admitted %d of 70", got)
+	}
+	if leased := testutil.ToFloat64(rep.m.TokensLeased); leased <= 70 {
+		t.Fatalf("leased %v units for 70 admissions: no unspent lease to lapse, the test proves nothing", leased)
+	}
+	clk.Set(start.Add(75 * time.Second))
+	if got, want := take(100), 47; got != want {
+		t.Fatalf("at 75s admitted %d, want ⌊100 − 70 × 45/60⌋ = %d", got, want)
+	}
+}

@@ -65,7 +65,13 @@ import (
 // shard lock. The entry's level (remote, remoteAt) is what Redis held at
 // the last lease.
 type slice struct {
-	tokens      int64     // leased from Redis, not yet spent
+	tokens int64 // leased from Redis, not yet spent
+	// lapsed are the unspent units of a window lease that has ended: the
+	// window's count in Redis still holds them (a window lease does not
+	// expire there as a bucket's does) until the next lease call of the
+	// key gives them back, which lifts them off the window's weight on
+	// the next one.
+	lapsed      int64
 	granted     int64     // the lease's size, retired with it (0: no lease held)
 	leaseID     int64     // the lease's name in Redis: a bucket's expiry (ms), a window's start (µs)
 	until       time.Time // this replica spends the lease until then
@@ -261,8 +267,8 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		// the old slice meanwhile; if the call fails, what it held is
 		// lost to this replica until the lease ends in Redis: under-use.
 		want := max(h.sliceSizeLocked(e, l, ns), need)
-		old := held{id: e.leaseID, granted: e.granted, unspent: e.tokens}
-		e.tokens, e.granted, e.leaseID = 0, 0, 0
+		old := held{id: e.leaseID, granted: e.granted, unspent: e.tokens + e.lapsed}
+		e.tokens, e.granted, e.leaseID, e.lapsed = 0, 0, 0, 0
 		f := &flight{done: make(chan struct{})}
 		e.flight = f
 		var debt int64
@@ -328,7 +334,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 // heldBack is the give-back of the lease e holds for key, unspent tokens
 // and all.
 func heldBack(key string, e *keyState, reason string) giveback {
-	return giveback{key: key, algorithm: e.algorithm, window: e.window, lease: held{id: e.leaseID, granted: e.granted, unspent: e.tokens}, reason: reason}
+	return giveback{key: key, algorithm: e.algorithm, window: e.window, lease: held{id: e.leaseID, granted: e.granted, unspent: e.tokens + e.lapsed}, reason: reason}
 }
 
 // leased is one lease call's outcome, for any algorithm that leases.
@@ -365,13 +371,17 @@ func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time
 	}
 }
 
-// expireLocked drops an ended lease: its unspent tokens stop counting in
-// Redis by themselves. The lease stays named (granted, leaseID) so the
-// next lease call retires it from what Redis counts as out, if Redis
-// still counts it.
+// expireLocked drops an ended lease: a bucket's unspent tokens stop
+// counting in Redis by themselves; a window's stay in its count, lapsed,
+// to be given back. The lease stays named (granted, leaseID) so the next
+// lease call retires it from what Redis counts as out, if Redis still
+// counts it.
 func (h *Hybrid) expireLocked(e *keyState) {
 	if e.tokens > 0 {
 		h.opts.Metrics.TokensReturned.WithLabelValues("expired").Add(float64(e.tokens))
+		if e.algorithm != quota.TokenBucket {
+			e.lapsed += e.tokens
+		}
 		e.tokens = 0
 	}
 }
@@ -560,7 +570,9 @@ func (h *Hybrid) Sweep(now time.Time, idle time.Duration, reason string) {
 			e.holding = false
 		case !now.Before(e.until):
 			h.expireLocked(e)
-			e.granted, e.leaseID = 0, 0
+			if e.lapsed == 0 { // a window lease with units to give back stays named for the next lease call
+				e.granted, e.leaseID = 0, 0
+			}
 			delete(h.holders, key)
 			e.holding = false
 		case ns-e.lastUsed >= int64(idle) && e.flight == nil && (reason != "idle" || 2*e.remote < e.capacity):

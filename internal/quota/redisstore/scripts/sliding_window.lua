@@ -19,7 +19,7 @@
 -- ARGV[6]  replicas sharing the window, for a lease: the take is at most
 --          half of what fits over them (never below need); empty or 0: exact
 -- ARGV[7], ARGV[8]  the lease given back: its window's start (µs) and its
---          unspent units; empty: none
+--          unspent units (this window's or the previous one's); empty: none
 --
 -- Returns {allowed, remaining, retry, reset, delay, granted, ws, left}: 1
 -- or 0; units that would still fit now; µs until one fits when rejected
@@ -51,6 +51,12 @@ local back = tonumber(ARGV[8]) or 0
 local dirty = false
 if back > 0 and tonumber(ARGV[7]) == ws and c > 0 then
   c = math.max(c - back, 0)
+  dirty = true
+elseif back > 0 and tonumber(ARGV[7]) == ws - w and p > 0 then
+  -- A lease of the window just ended, given back at its first renewal in
+  -- this one: its unspent units were never admitted, so they leave the
+  -- previous window's count rather than weigh on this window.
+  p = math.max(p - back, 0)
   dirty = true
 end
 
