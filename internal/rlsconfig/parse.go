@@ -174,6 +174,10 @@ func (v *validator) rateLimits(r *rawDescriptor, path string) []*RateLimit {
 		v.errs.Add(path+".rate_limits", "is empty; give at least one limit, or leave it out")
 		return nil
 	}
+	if len(r.RateLimits) > MaxLimits {
+		v.errs.Add(path+".rate_limits", "has %d limits; at most %d (one per window)", len(r.RateLimits), MaxLimits)
+		return nil
+	}
 	out := make([]*RateLimit, 0, len(r.RateLimits))
 	windows := map[time.Duration]int{}
 	for i := range r.RateLimits {

@@ -30,6 +30,11 @@ import (
 // so no request descriptor of more entries can match.
 const MaxDepth = 16
 
+// MaxLimits is the most rate_limits one descriptor may carry: each is a
+// decision per request that matches it (in redis mode, a Redis call), and
+// a request's descriptors are bounded as a Check's policies are.
+const MaxLimits = 8
+
 // MaxRequestsPerUnit is the largest requests_per_unit: the protocol
 // carries it as a uint32.
 const MaxRequestsPerUnit = 1<<32 - 1
