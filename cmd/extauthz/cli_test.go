@@ -131,6 +131,7 @@ descriptors:
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	for _, want := range []string{
+		"grpc 127.0.0.1:9001 (reflection on), http off",
 		"api     user        10/second      fixed_window  local  name=burst",
 		"api     user        200/5 minutes  fixed_window  local  -",
 		"api     user        10000/day      token_bucket  local  -",

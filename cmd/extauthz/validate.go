@@ -139,8 +139,12 @@ func printSummary(w io.Writer, cfg *config.Config) {
 	if cfg.Redis != nil {
 		store = strings.Join(cfg.Redis.Addrs, ",")
 	}
-	fmt.Fprintf(w, "grpc %s, http %s, admin %s, redis %s, %d client keys, local cache %d keys\n",
-		cfg.Listen.GRPC, orNone(cfg.Listen.HTTP), orNone(cfg.Listen.Admin), store, len(cfg.Clients.Keys), cfg.Local.MaxKeys)
+	reflection := "on"
+	if !cfg.Listen.Reflection {
+		reflection = "off"
+	}
+	fmt.Fprintf(w, "grpc %s (reflection %s), http %s, admin %s, redis %s, %d client keys, local cache %d keys\n",
+		cfg.Listen.GRPC, reflection, orNone(cfg.Listen.HTTP), orNone(cfg.Listen.Admin), store, len(cfg.Clients.Keys), cfg.Local.MaxKeys)
 	if cfg.Listen.HTTP != "" {
 		fmt.Fprintf(w, "http door: %s/… (Envoy http_service), %s (nginx auth_request: headers %s, %s), %s (Traefik, Caddy)\n",
 			httpauth.EnvoyPrefix, httpauth.NginxPath, cfg.HTTP.URIHeader, cfg.HTTP.MethodHeader, httpauth.ForwardAuthPath)

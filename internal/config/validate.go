@@ -71,7 +71,7 @@ var (
 
 func validate(r *rawConfig, errs *Errors) *Config {
 	c := &Config{
-		Listen: Listen{GRPC: DefaultGRPC, Admin: DefaultAdmin, Reflection: r.Listen.Reflection},
+		Listen: Listen{GRPC: DefaultGRPC, Admin: DefaultAdmin, Reflection: r.Listen.Reflection == nil || *r.Listen.Reflection},
 		Local:  Local{MaxKeys: DefaultMaxKeys, SliceIdle: DefaultSliceIdle, LeaseTTL: DefaultLeaseTTL, MaxLogBytes: DefaultMaxLogBytes},
 		Fallback: Fallback{
 			PeerTTL:  DefaultPeerTTL,
