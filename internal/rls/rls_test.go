@@ -813,3 +813,24 @@ func TestSeveralLimitsOnOneDescriptor(t *testing.T) {
 	f.now = f.now.Add(20 * time.Second)
 	f.limitOf(2, "api", half)
 }
+
+// The X-RateLimit-* headers (headers.legacy) describe, as the RateLimit
+// headers do, the limit closest to denying among a descriptor's several.
+func TestSeveralLimitsLegacyHeaders(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "api.yaml", severalLimits)
+	f := newFixture(t, "headers: {legacy: true}\n", dir)
+	f.now = dayStart.Add(time.Hour)
+	ada := desc("user", "ada")
+	h := headerMap(f.call("api", ada))
+	if h["x-ratelimit-limit"] != "3" || h["x-ratelimit-remaining"] != "2" || h["x-ratelimit-reset"] != "1" {
+		t.Fatalf("the burst's headers: %v", h)
+	}
+	f.call("api", ada)
+	f.now = f.now.Add(time.Second)
+	f.call("api", ada)
+	h = headerMap(f.call("api", ada)) // the burst has 1 left, the daily 1: the daily resets later
+	if h["x-ratelimit-limit"] != "5" || h["x-ratelimit-remaining"] != "1" || h["x-ratelimit-reset"] != "82799" || h["ratelimit-policy"] != `"api.user/1d";q=5;w=86400` {
+		t.Fatalf("the daily's headers: %v", h)
+	}
+}
