@@ -13,8 +13,8 @@ import (
 
 // Descriptor files with several limits on one descriptor and windows of
 // any length, end to end: the real binary, requests as Envoy's ratelimit
-// filter builds them, in local mode and in redis mode (two replicas, the
-// requests alternating between them).
+// filter builds them, in local mode, and in redis and hybrid mode (two
+// replicas, the requests alternating between them).
 
 // limitsDomain is a burst and a daily limit on one key, and a 30-second
 // window written as Envoy's RateLimit API writes one.
@@ -40,7 +40,7 @@ var (
 )
 
 func TestRLSSeveralLimitsAndWindows(t *testing.T) {
-	for _, mode := range []string{"local", "redis"} {
+	for _, mode := range []string{"local", "redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			section, _ := domainDir(t, map[string]string{"api.yaml": limitsDomain})
 			var replicas []*sidecar
