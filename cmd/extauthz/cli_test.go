@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"flag"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -99,6 +101,44 @@ func TestListenOverrides(t *testing.T) {
 	for _, o := range []listenOverrides{{grpc: "9001"}, {admin: "unix:///run/a.sock"}, {grpc: "host:port"}, {http: "8081"}} {
 		if err := o.apply(config.Default()); err == nil || !strings.Contains(err.Error(), "-listen-") {
 			t.Errorf("%+v: error %v, want one naming the flag", o, err)
+		}
+	}
+}
+
+// validate prints a row per limit of a descriptor with several, each
+// with its window and flags.
+func TestValidatePrintsEveryLimit(t *testing.T) {
+	dir := t.TempDir()
+	rl := filepath.Join(dir, "api.yaml")
+	main := filepath.Join(dir, "extauthz.yaml")
+	if err := os.WriteFile(rl, []byte(`domain: api
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 10}
+      - {window: 5m, requests_per_unit: 200}
+      - {unit: day, requests_per_unit: 10000, algorithm: token_bucket}
+  - key: half
+    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 2}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(main, []byte("rls: {domains: [api.yaml]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"validate", "-config", main}, nil, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{
+		"grpc 127.0.0.1:9001 (reflection on), http off",
+		"api     user        10/second      fixed_window  local  name=burst",
+		"api     user        200/5 minutes  fixed_window  local  -",
+		"api     user        10000/day      token_bucket  local  -",
+		"api     half        2/30 seconds   fixed_window  local  -",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, out.String())
 		}
 	}
 }

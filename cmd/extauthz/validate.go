@@ -85,12 +85,14 @@ func printRLSSummary(w io.Writer, rc *rlsconfig.Config) {
 					entry += "=" + d.Value
 				}
 				entry = prefix + entry
-				if l := d.Limit; l != nil {
+				// A descriptor of several limits has a row per limit:
+				// all must allow.
+				for _, l := range d.Limits {
 					limit, alg, mode := "unlimited", "-", "-"
 					if !l.Unlimited {
-						limit, alg, mode = fmt.Sprintf("%d/%s", l.RequestsPerUnit, l.Unit), string(l.Algorithm), string(l.Mode)
+						limit, alg, mode = rlsLimit(l), string(l.Algorithm), string(l.Mode)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n, entry, limit, alg, mode, rlsFlags(d))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n, entry, limit, alg, mode, rlsFlags(d, l))
 				}
 				walk(entry+", ", d.Descriptors)
 			}
@@ -100,13 +102,21 @@ func printRLSSummary(w io.Writer, rc *rlsconfig.Config) {
 	tw.Flush()
 }
 
-func rlsFlags(d *rlsconfig.Descriptor) string {
+// rlsLimit writes a limit's count and window: 10/second, 2/30 seconds.
+func rlsLimit(l *rlsconfig.RateLimit) string {
+	if l.UnitMultiplier > 1 {
+		return fmt.Sprintf("%d/%d %ss", l.RequestsPerUnit, l.UnitMultiplier, l.Unit)
+	}
+	return fmt.Sprintf("%d/%s", l.RequestsPerUnit, l.Unit)
+}
+
+func rlsFlags(d *rlsconfig.Descriptor, l *rlsconfig.RateLimit) string {
 	var f []string
-	if l := d.Limit; l.Name != "" {
+	if l.Name != "" {
 		f = append(f, "name="+l.Name)
 	}
-	if len(d.Limit.Replaces) > 0 {
-		f = append(f, "replaces="+strings.Join(d.Limit.Replaces, ","))
+	if len(l.Replaces) > 0 {
+		f = append(f, "replaces="+strings.Join(l.Replaces, ","))
 	}
 	if d.Shadow {
 		f = append(f, "shadow")
@@ -114,8 +124,8 @@ func rlsFlags(d *rlsconfig.Descriptor) string {
 	if d.ShareThreshold {
 		f = append(f, "shared")
 	}
-	if !d.Limit.Unlimited && d.Limit.Mode != config.ModeLocal {
-		f = append(f, "on_redis_error="+string(d.Limit.OnRedisError))
+	if !l.Unlimited && l.Mode != config.ModeLocal {
+		f = append(f, "on_redis_error="+string(l.OnRedisError))
 	}
 	if len(f) == 0 {
 		return "-"
@@ -129,8 +139,12 @@ func printSummary(w io.Writer, cfg *config.Config) {
 	if cfg.Redis != nil {
 		store = strings.Join(cfg.Redis.Addrs, ",")
 	}
-	fmt.Fprintf(w, "grpc %s, http %s, admin %s, redis %s, %d client keys, local cache %d keys\n",
-		cfg.Listen.GRPC, orNone(cfg.Listen.HTTP), orNone(cfg.Listen.Admin), store, len(cfg.Clients.Keys), cfg.Local.MaxKeys)
+	reflection := "on"
+	if !cfg.Listen.Reflection {
+		reflection = "off"
+	}
+	fmt.Fprintf(w, "grpc %s (reflection %s), http %s, admin %s, redis %s, %d client keys, local cache %d keys\n",
+		cfg.Listen.GRPC, reflection, orNone(cfg.Listen.HTTP), orNone(cfg.Listen.Admin), store, len(cfg.Clients.Keys), cfg.Local.MaxKeys)
 	if cfg.Listen.HTTP != "" {
 		fmt.Fprintf(w, "http door: %s/… (Envoy http_service), %s (nginx auth_request: headers %s, %s), %s (Traefik, Caddy)\n",
 			httpauth.EnvoyPrefix, httpauth.NginxPath, cfg.HTTP.URIHeader, cfg.HTTP.MethodHeader, httpauth.ForwardAuthPath)

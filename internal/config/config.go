@@ -97,7 +97,7 @@ type Config struct {
 type Listen struct {
 	GRPC       string // host:port or unix:///path
 	Admin      string // host:port for /metrics, /healthz, /readyz; "" disables
-	Reflection bool   // register gRPC server reflection
+	Reflection bool   // register gRPC server reflection (on unless turned off: it shows only the public APIs served)
 	// HTTP is the HTTP authorization endpoint for Envoy's http_service,
 	// nginx auth_request and forward-auth proxies: host:port or
 	// unix:///path; "" (the default) disables it.

@@ -311,3 +311,16 @@ policies:
 		t.Fatalf("rolling = %+v", r)
 	}
 }
+
+// Reflection is on unless the file turns it off; an explicit false stays.
+func TestReflectionOnUnlessTurnedOff(t *testing.T) {
+	for doc, want := range map[string]bool{"{}": true, "listen: {reflection: true}": true, "listen: {reflection: false}": false} {
+		c, err := Parse([]byte(doc), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Listen.Reflection != want {
+			t.Errorf("%s: reflection %v, want %v", doc, c.Listen.Reflection, want)
+		}
+	}
+}

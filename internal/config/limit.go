@@ -197,3 +197,13 @@ func slidingLog(counts []LimitCount, path string, local Local, errs *Errors) {
 		}
 	}
 }
+
+// WindowProblem says what is wrong with a limit's window, "" when
+// nothing: every language bounds its windows alike (a policy's window, a
+// descriptor's unit × unit_multiplier or window).
+func WindowProblem(w time.Duration) string {
+	if w < minWindow || w > maxWindow {
+		return fmt.Sprintf("must be between %s and %s", minWindow, maxWindow)
+	}
+	return ""
+}

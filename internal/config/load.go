@@ -36,7 +36,7 @@ type rawListen struct {
 	GRPC       *string       `yaml:"grpc"`
 	HTTP       string        `yaml:"http"`
 	Admin      *string       `yaml:"admin"`
-	Reflection bool          `yaml:"reflection"`
+	Reflection *bool         `yaml:"reflection"` // nil: on
 	TLS        *rawServerTLS `yaml:"tls"`
 }
 

@@ -71,7 +71,7 @@ var (
 
 func validate(r *rawConfig, errs *Errors) *Config {
 	c := &Config{
-		Listen: Listen{GRPC: DefaultGRPC, Admin: DefaultAdmin, Reflection: r.Listen.Reflection},
+		Listen: Listen{GRPC: DefaultGRPC, Admin: DefaultAdmin, Reflection: r.Listen.Reflection == nil || *r.Listen.Reflection},
 		Local:  Local{MaxKeys: DefaultMaxKeys, SliceIdle: DefaultSliceIdle, LeaseTTL: DefaultLeaseTTL, MaxLogBytes: DefaultMaxLogBytes},
 		Fallback: Fallback{
 			PeerTTL:  DefaultPeerTTL,
@@ -684,8 +684,8 @@ func windowField(s, path string, d *time.Duration, errs *Errors) {
 	if v == 0 {
 		return
 	}
-	if v < minWindow || v > maxWindow {
-		errs.add(path, "%q must be between %s and %s", s, minWindow, maxWindow)
+	if problem := WindowProblem(v); problem != "" {
+		errs.add(path, "%q %s", s, problem)
 		return
 	}
 	*d = v

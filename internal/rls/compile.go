@@ -5,8 +5,10 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
@@ -60,21 +62,46 @@ type node struct {
 	rule *rule // nil: no rate limit at this level
 }
 
-// rule is one compiled rate limit.
+// rule is one descriptor's compiled rate limits.
 type rule struct {
-	name      string // the rate_limit's name: what replaces refers to
 	stat      string // its metric name, as envoyproxy/ratelimit names its stats: domain.key_value.key
 	unlimited bool
-	replaces  []string
 	// dynamic: the decisions' metric name is made from the request's
 	// values (detailed_metric here, or value_to_metric on its path).
 	dynamic  bool
 	detailed bool
 	// shared: a wildcard with share_threshold on its path, whose
 	// matched values count together.
-	shared  bool
+	shared bool
+	// limits are the descriptor's rate limits in file order, every one
+	// of which must allow a request: one, with no policy, when unlimited.
+	limits []limit
+}
+
+// limit is one rate limit of a descriptor.
+type limit struct {
+	name     string // the rate_limit's name: what replaces refers to
+	replaces []string
+	// suffix tells apart, in partition keys and metric names, the limits
+	// of a descriptor with several: "" for a descriptor's only limit,
+	// which keeps the key and name it has always had.
+	suffix  limitSuffix
 	policy  *engine.Policy // nil when unlimited
 	current *rlsv3.RateLimitResponse_RateLimit
+}
+
+// limitSuffix is what a limit of a descriptor with several adds, by its
+// window (a descriptor has one limit per window, so a reordered or
+// lengthened list keeps each limit's count): to the partition key,
+// "%w30s", which no escaped value holds (a '%' there is followed by two
+// hex digits, or by the digest's "sha256."), so no request's values can
+// name another limit's key; to the metric and RateLimit header name,
+// "/30s".
+type limitSuffix struct{ key, name string }
+
+func suffixOf(w time.Duration) limitSuffix {
+	label := rlsconfig.FormatWindow(w)
+	return limitSuffix{key: "%w" + label, name: "/" + label}
 }
 
 // maxNames bounds the metric names the process makes from request values,
@@ -145,7 +172,7 @@ func (c *compiled) level(lv *level, ds []*rlsconfig.Descriptor, stat string, dom
 		}
 		vtm := valueToMetric || d.ValueToMetric
 		sh := shared || d.ShareThreshold
-		if d.Limit != nil {
+		if len(d.Limits) > 0 {
 			r, err := c.rule(d, own, dom, vtm)
 			if err != nil {
 				return err
@@ -170,35 +197,45 @@ func (c *compiled) level(lv *level, ds []*rlsconfig.Descriptor, stat string, dom
 }
 
 func (c *compiled) rule(d *rlsconfig.Descriptor, stat string, dom *rlsconfig.Domain, valueToMetric bool) (*rule, error) {
-	l := d.Limit
 	r := &rule{
-		name:      l.Name,
 		stat:      stat,
-		unlimited: l.Unlimited,
-		replaces:  l.Replaces,
+		unlimited: d.Limits[0].Unlimited,
 		detailed:  d.DetailedMetric,
 		dynamic:   d.DetailedMetric || valueToMetric,
+		limits:    make([]limit, len(d.Limits)),
 	}
-	if l.Unlimited {
-		return r, nil
+	for i, l := range d.Limits {
+		lim := &r.limits[i]
+		lim.name, lim.replaces = l.Name, l.Replaces
+		if l.Unlimited {
+			continue // alone in its descriptor (rlsconfig)
+		}
+		path := d.Path + ".rate_limit"
+		if len(d.Limits) > 1 {
+			lim.suffix = suffixOf(l.Window)
+			path = fmt.Sprintf("%s.rate_limits[%d]", d.Path, i)
+		}
+		lim.current = &rlsv3.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: uint32(l.RequestsPerUnit), Unit: units[l.Unit]}
+		if l.UnitMultiplier > 1 {
+			lim.current.UnitMultiplier = wrapperspb.UInt32(uint32(l.UnitMultiplier))
+		}
+		p, err := c.policy(config.Policy{
+			Name:         stat + lim.suffix.name,
+			Limit:        l.RequestsPerUnit,
+			Window:       l.Window,
+			Burst:        l.Burst,
+			Algorithm:    l.Algorithm,
+			Mode:         l.Mode,
+			OnRedisError: l.OnRedisError,
+			Shadow:       d.Shadow,
+			Queue:        l.Queue,
+			MaxDelay:     l.MaxDelay,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", dom.File, path, err)
+		}
+		lim.policy = p
 	}
-	r.current = &rlsv3.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: uint32(l.RequestsPerUnit), Unit: units[l.Unit]}
-	p, err := c.policy(config.Policy{
-		Name:         stat,
-		Limit:        l.RequestsPerUnit,
-		Window:       l.Window,
-		Burst:        l.Burst,
-		Algorithm:    l.Algorithm,
-		Mode:         l.Mode,
-		OnRedisError: l.OnRedisError,
-		Shadow:       d.Shadow,
-		Queue:        l.Queue,
-		MaxDelay:     l.MaxDelay,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%s: %s.rate_limit: %w", dom.File, d.Path, err)
-	}
-	r.policy = p
 	return r, nil
 }
 

@@ -50,7 +50,7 @@ func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse
 		resp.Statuses = append(resp.Statuses, st)
 		st.Code = rlsv3.RateLimitResponse_OK
 		switch {
-		case sl.take < 0:
+		case sl.n == 0:
 			if sl.rule != nil && sl.rule.unlimited {
 				// envoyproxy/ratelimit's answer for an unlimited
 				// descriptor: OK, and all the room there is.
@@ -59,22 +59,17 @@ func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse
 		case sl.take >= a.asked:
 			// Not asked: an earlier descriptor denied the request, which
 			// ends it before this one's count is read or created.
-			st.CurrentLimit = sl.current
+			st.CurrentLimit = a.current(sl, sl.take)
 		default:
-			t := &a.takes[sl.take]
+			j := a.reported(sl, o)
+			t := &a.takes[j]
 			if !t.OK && !t.Policy.Shadow {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
 			if t.OK {
-				rem := t.Decision.Remaining
-				if o != engine.OK {
-					// Another descriptor denied the request and this
-					// one's hits were given back: they remain.
-					rem = min(rem+t.Units, t.Decision.Limit)
-				}
-				st.LimitRemaining = uint32(min(max(rem, 0), math.MaxUint32))
+				st.LimitRemaining = uint32(min(max(remaining(t, o), 0), math.MaxUint32))
 			}
-			st.CurrentLimit = sl.current
+			st.CurrentLimit = a.current(sl, j)
 			reset := max(t.Decision.ResetAfter, 0)
 			dur.Seconds, dur.Nanos = int64(reset/time.Second), int32(reset%time.Second)
 			st.DurationUntilReset = dur
@@ -87,6 +82,43 @@ func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse
 		c.headers(p, a, o)
 	}
 	return resp
+}
+
+// current is the limit take j counts for, as a status states it.
+func (a *answer) current(sl *slot, j int) *rlsv3.RateLimitResponse_RateLimit {
+	if l := a.limits[j]; l != nil {
+		return l.current
+	}
+	return sl.current
+}
+
+// reported is the take whose decision a descriptor's status gives, of
+// those it asked: the one that denied (TakeAll stops at it, so of an
+// enforcing descriptor's limits at most one did), else the one closest to
+// denying, with the fewest remaining and, of those, the longest until
+// reset: the limit that the RateLimit headers would describe.
+func (a *answer) reported(sl *slot, o engine.Outcome) int {
+	best := sl.take
+	for j := sl.take; j < min(sl.take+sl.n, a.asked); j++ {
+		t, b := &a.takes[j], &a.takes[best]
+		switch {
+		case !t.OK:
+			return j
+		case remaining(t, o) < remaining(b, o),
+			remaining(t, o) == remaining(b, o) && t.Decision.ResetAfter > b.Decision.ResetAfter:
+			best = j
+		}
+	}
+	return best
+}
+
+// remaining is what an allowed take leaves: when another take denied the
+// request, its hits were given back, so they remain.
+func remaining(t *engine.Taken, o engine.Outcome) int64 {
+	if o != engine.OK {
+		return min(t.Decision.Remaining+t.Units, t.Decision.Limit)
+	}
+	return t.Decision.Remaining
 }
 
 func (c *compiled) headers(p *respParts, a *answer, o engine.Outcome) {

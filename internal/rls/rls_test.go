@@ -528,6 +528,10 @@ func TestPartitionKeys(t *testing.T) {
 	if partition("d", desc("k", "v:k=w").GetEntries(), nil) == partition("d", desc("k", "v", "k", "w").GetEntries(), nil) {
 		t.Fatal("a value forged an entry")
 	}
+	// Nor a limit's of a descriptor with several (by its window).
+	if partition("d", desc("k", "v%w1s").GetEntries(), nil) == partition("d", desc("k", "v").GetEntries(), nil)+suffixOf(time.Second).key {
+		t.Fatal("a value forged a limit's key")
+	}
 	huge := strings.Repeat("x", 1<<20)
 	if k := partition("d", desc("k", huge).GetEntries(), nil); len(k) > 64 {
 		t.Fatalf("a 1 MiB value made a key of %d bytes", len(k))
@@ -717,5 +721,116 @@ descriptors:
 		if r, _ := srv.ShouldRateLimit(ctx, req); r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 			b.Fatal("over the limit")
 		}
+	}
+}
+
+// severalLimits is a burst and a daily limit on one key, a limit that
+// replaces the burst, and a 30-second window.
+const severalLimits = `
+domain: api
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 3}
+      - {name: daily, unit: day, requests_per_unit: 5}
+  - key: vip
+    rate_limit: {unit: hour, requests_per_unit: 100, replaces: [{name: burst}]}
+  - key: half
+    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 2}
+`
+
+// A descriptor's limits must all allow, each counted apart and taken all
+// or none; its status gives the limit that denied, or the one closest to
+// denying (fewest remaining), as the RateLimit headers do.
+func TestSeveralLimitsOnOneDescriptor(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "api.yaml", severalLimits)
+	f := newFixture(t, "", dir)
+	f.now = dayStart.Add(time.Hour + 100*time.Millisecond)
+	ada := desc("user", "ada")
+	status := func(resp *rlsv3.RateLimitResponse, code rlsv3.RateLimitResponse_Code, name string, remaining uint32) {
+		t.Helper()
+		st := resp.GetStatuses()[0]
+		if resp.GetOverallCode() != code || st.GetCode() != code || st.GetCurrentLimit().GetName() != name || st.GetLimitRemaining() != remaining {
+			t.Fatalf("status %v; want %v, limit %s, %d remaining", resp, code, name, remaining)
+		}
+	}
+	resp := f.call("api", ada)
+	status(resp, rlsv3.RateLimitResponse_OK, "burst", 2) // the daily has 4 left
+	if h := headerMap(resp); h["ratelimit-policy"] != `"api.user/1s";q=3;w=1` || h["ratelimit"] != `"api.user/1s";r=2;t=1` {
+		t.Fatalf("headers %v", h)
+	}
+	f.call("api", ada)
+	f.call("api", ada)
+	resp = f.call("api", ada)
+	status(resp, rlsv3.RateLimitResponse_OVER_LIMIT, "burst", 0)
+	if st := resp.GetStatuses()[0]; st.GetDurationUntilReset().AsDuration() != 900*time.Millisecond || st.GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND {
+		t.Fatalf("burst denial %v", st)
+	}
+	// The burst's next window: the daily counted 3 (the denied request
+	// counted nothing), so 2 more, then the daily denies and the burst's
+	// hit is given back.
+	f.now = f.now.Add(time.Second)
+	status(f.call("api", ada), rlsv3.RateLimitResponse_OK, "daily", 1)
+	status(f.call("api", ada), rlsv3.RateLimitResponse_OK, "daily", 0)
+	resp = f.call("api", ada)
+	status(resp, rlsv3.RateLimitResponse_OVER_LIMIT, "daily", 0)
+	if h := headerMap(resp); h["retry-after"] != "82799" || h["ratelimit-policy"] != `"api.user/1d";q=5;w=86400` {
+		t.Fatalf("daily denial headers %v", h)
+	}
+	f.now = f.now.Add(time.Second)
+	status(f.call("api", ada), rlsv3.RateLimitResponse_OVER_LIMIT, "daily", 0)
+	for _, c := range []struct {
+		policy, result string
+		want           float64
+	}{
+		{"api.user/1s", "allowed", 7}, {"api.user/1s", "denied", 1}, {"api.user/1s", "refunded", 2},
+		{"api.user/1d", "allowed", 5}, {"api.user/1d", "denied", 2},
+	} {
+		if got := f.decisions(c.policy, c.result); got != c.want {
+			t.Errorf("%s %s: %v, want %v", c.policy, c.result, got, c.want)
+		}
+	}
+	// Another user counts apart.
+	status(f.call("api", desc("user", "bob")), rlsv3.RateLimitResponse_OK, "burst", 2)
+
+	// A limit that applies replaces the burst only: the daily still counts.
+	vip := desc("vip", "1")
+	if got := f.admitted(7, "api", desc("user", "cyd"), vip); got != 5 {
+		t.Fatalf("cyd as vip: %d of 7 admitted in one second, want the daily 5", got)
+	}
+
+	// A 30-second window (unit_multiplier), aligned to the epoch.
+	f.now = dayStart.Add(time.Hour + 10*time.Second)
+	half := desc("half", "x")
+	f.limitOf(2, "api", half)
+	resp = f.call("api", half)
+	st := resp.GetStatuses()[0]
+	if cl := st.GetCurrentLimit(); cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND || cl.GetUnitMultiplier().GetValue() != 30 ||
+		st.GetDurationUntilReset().AsDuration() != 20*time.Second || headerMap(resp)["ratelimit-policy"] != `"api.half";q=2;w=30` {
+		t.Fatalf("30s window: %v", resp)
+	}
+	f.now = f.now.Add(20 * time.Second)
+	f.limitOf(2, "api", half)
+}
+
+// The X-RateLimit-* headers (headers.legacy) describe, as the RateLimit
+// headers do, the limit closest to denying among a descriptor's several.
+func TestSeveralLimitsLegacyHeaders(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "api.yaml", severalLimits)
+	f := newFixture(t, "headers: {legacy: true}\n", dir)
+	f.now = dayStart.Add(time.Hour)
+	ada := desc("user", "ada")
+	h := headerMap(f.call("api", ada))
+	if h["x-ratelimit-limit"] != "3" || h["x-ratelimit-remaining"] != "2" || h["x-ratelimit-reset"] != "1" {
+		t.Fatalf("the burst's headers: %v", h)
+	}
+	f.call("api", ada)
+	f.now = f.now.Add(time.Second)
+	f.call("api", ada)
+	h = headerMap(f.call("api", ada)) // the burst has 1 left, the daily 1: the daily resets later
+	if h["x-ratelimit-limit"] != "5" || h["x-ratelimit-remaining"] != "1" || h["x-ratelimit-reset"] != "82799" || h["ratelimit-policy"] != `"api.user/1d";q=5;w=86400` {
+		t.Fatalf("the daily's headers: %v", h)
 	}
 }

@@ -139,13 +139,16 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 // and at a few hundred bytes each they were most of a call's garbage.
 var answers = sync.Pool{New: func() any { return new(answer) }}
 
-// answer is one request's decisions: a take per descriptor that counts,
-// and what each descriptor found.
+// answer is one request's decisions: a take per rate limit that counts
+// (a descriptor of several limits has several), and what each descriptor
+// found.
 type answer struct {
 	takes   []engine.Taken
-	asked   int    // takes[:asked] were decided; TakeAll stops at a denial
-	slots   []slot // by descriptor
+	limits  []*limit // by take: the rate limit it counts for; nil for a limit Envoy sent
+	asked   int      // takes[:asked] were decided; TakeAll stops at a denial
+	slots   []slot   // by descriptor
 	takeBuf [2]engine.Taken
+	limBuf  [2]*limit
 	slotBuf [2]slot
 }
 
@@ -155,32 +158,40 @@ func (a *answer) reset() { *a = answer{} }
 // slot is what one descriptor found.
 type slot struct {
 	rule    *rule                              // nil: no rate limit (or a limit Envoy sent)
-	current *rlsv3.RateLimitResponse_RateLimit // the limit that applies, for the status
-	take    int                                // index into takes; -1 when nothing counts
+	current *rlsv3.RateLimitResponse_RateLimit // a limit Envoy sent, for the status
+	// takes[take:take+n] are the descriptor's rate limits, in order;
+	// n is 0 when nothing counts.
+	take, n int
 }
 
-func (a *answer) add(r *rule, cur *rlsv3.RateLimitResponse_RateLimit, t engine.Taken) {
+// open starts the slot of a descriptor whose takes follow (add).
+func (a *answer) open(r *rule, cur *rlsv3.RateLimitResponse_RateLimit) {
 	a.slots = append(a.slots, slot{rule: r, current: cur, take: len(a.takes)})
+}
+
+// add appends a take of the last slot's descriptor, for rate limit l.
+func (a *answer) add(l *limit, t engine.Taken) {
+	a.slots[len(a.slots)-1].n++
 	a.takes = append(a.takes, t)
+	a.limits = append(a.limits, l)
 }
 
 // drop removes the takes of rate limits whose name is replaced.
 func (a *answer) drop(replaced map[string]bool) {
-	kept := a.takes[:0]
+	kept, keptLimits := a.takes[:0], a.limits[:0]
 	for i := range a.slots {
 		sl := &a.slots[i]
-		if sl.take < 0 {
-			continue
+		from, n := sl.take, sl.n
+		sl.take, sl.n = len(kept), 0
+		for j := from; j < from+n; j++ {
+			if l := a.limits[j]; l != nil && l.name != "" && replaced[l.name] {
+				continue
+			}
+			kept, keptLimits = append(kept, a.takes[j]), append(keptLimits, a.limits[j])
+			sl.n++
 		}
-		t := a.takes[sl.take]
-		if sl.rule != nil && sl.rule.name != "" && replaced[sl.rule.name] {
-			sl.take = -1
-			continue
-		}
-		sl.take = len(kept)
-		kept = append(kept, t)
 	}
-	a.takes = kept
+	a.takes, a.limits = kept, keptLimits
 }
 
 func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRequest, now time.Time, a *answer) (*rlsv3.RateLimitResponse, engine.Outcome, error) {
@@ -213,7 +224,7 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 	// 1. Each descriptor's rate limit, its partition key and metric name,
 	// all before any quota is taken; and the names the limits found
 	// replace.
-	a.takes, a.slots = a.takeBuf[:0], a.slotBuf[:0]
+	a.takes, a.limits, a.slots = a.takeBuf[:0], a.limBuf[:0], a.slotBuf[:0]
 	var steps [maxEntries]step
 	var replaced map[string]bool
 	for i, d := range ds {
@@ -227,44 +238,53 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 			if err != nil {
 				return nil, engine.Failed, grpcstatus.Errorf(codes.Internal, "rls: %v", err)
 			}
-			a.add(nil, cur, engine.Taken{Policy: p, Key: partition(dom.name, entries, nil),
+			a.open(nil, cur)
+			a.add(nil, engine.Taken{Policy: p, Key: partition(dom.name, entries, nil),
 				Limit: p.NewLimit(int64(cur.GetRequestsPerUnit()), window), Units: hits(req, d)})
 			continue
 		}
 		r := dom.match(entries, steps[:])
-		if r == nil || r.unlimited {
-			a.slots = append(a.slots, slot{rule: r, take: -1})
-		}
+		a.open(r, nil)
 		if r == nil {
 			continue
 		}
-		for _, name := range r.replaces {
-			if replaced == nil {
-				replaced = map[string]bool{}
+		for i := range r.limits {
+			for _, name := range r.limits[i].replaces {
+				if replaced == nil {
+					replaced = map[string]bool{}
+				}
+				replaced[name] = true
 			}
-			replaced[name] = true
 		}
 		if r.unlimited {
 			continue
 		}
 		matched := steps[:len(entries)]
-		p := r.policy
+		var metric string
 		if r.dynamic {
-			var err error
-			p, err = c.names.get(metricName(dom.name, r, entries, matched), r.stat, func(name string) (*engine.Policy, error) {
-				if name == r.stat {
-					return r.policy, nil
-				}
-				return r.policy.CountedAs(name, c.metrics), nil
-			}, s.log)
-			if err != nil {
-				return nil, engine.Failed, grpcstatus.Errorf(codes.Internal, "rls: %v", err)
-			}
+			metric = metricName(dom.name, r, entries, matched)
 		}
 		if !r.shared {
 			matched = nil // the key holds the request's values as they are
 		}
-		a.add(r, r.current, engine.Taken{Policy: p, Key: partition(dom.name, entries, matched), Limit: p.FixedLimit(), Units: hits(req, d)})
+		key := partition(dom.name, entries, matched)
+		for i := range r.limits {
+			l := &r.limits[i]
+			p := l.policy
+			if r.dynamic {
+				var err error
+				p, err = c.names.get(metric+l.suffix.name, p.Name, func(name string) (*engine.Policy, error) {
+					if name == l.policy.Name {
+						return l.policy, nil
+					}
+					return l.policy.CountedAs(name, c.metrics), nil
+				}, s.log)
+				if err != nil {
+					return nil, engine.Failed, grpcstatus.Errorf(codes.Internal, "rls: %v", err)
+				}
+			}
+			a.add(l, engine.Taken{Policy: p, Key: key + l.suffix.key, Limit: p.FixedLimit(), Units: hits(req, d)})
+		}
 	}
 	if replaced != nil {
 		a.drop(replaced)

@@ -5,13 +5,16 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // FuzzParse: Parse never panics; it returns a domain or an error, never
 // both and never neither; every error line names the file; the same input
 // gives the same answer; a returned domain's descriptors nest at most
-// MaxDepth and every rate limit is either unlimited or has a window and a
-// count in range.
+// MaxDepth and every rate limit is either unlimited or has a count in
+// range and a window in range that is its unit times its multiplier; a
+// descriptor has at most MaxLimits, of distinct windows, the first of
+// which is its Limit.
 func FuzzParse(f *testing.F) {
 	files, _ := filepath.Glob("testdata/bad/*.yaml")
 	for _, name := range files {
@@ -25,6 +28,7 @@ func FuzzParse(f *testing.F) {
 		"", "{}", "domain: d", "domain: d\ndescriptors: [{key: k, value: 'a*b*', rate_limit: {unit: minute, requests_per_unit: 3}}]",
 		"domain: d\ndescriptors: [{key: k, descriptors: [{key: j, rate_limit: {unlimited: true}}]}]",
 		"domain: &a d\ndescriptors: [&b {key: k}, *b]",
+		"domain: d\ndescriptors: [{key: k, rate_limits: [{unit: second, requests_per_unit: 3}, {unit: day, unit_multiplier: 2, requests_per_unit: 9}, {window: 90s, requests_per_unit: 4}]}]",
 	} {
 		f.Add([]byte(s))
 	}
@@ -52,8 +56,19 @@ func FuzzParse(f *testing.F) {
 				if depth > MaxDepth || x.Key == "" {
 					t.Fatalf("descriptor %+v at depth %d", x, depth)
 				}
-				if l := x.Limit; l != nil && !l.Unlimited && (l.Window <= 0 || l.RequestsPerUnit < 0 || l.RequestsPerUnit > MaxRequestsPerUnit) {
-					t.Fatalf("rate limit %+v", l)
+				if len(x.Limits) > MaxLimits || (len(x.Limits) > 0) != (x.Limit != nil) || len(x.Limits) > 0 && x.Limit != x.Limits[0] {
+					t.Fatalf("descriptor %+v: limits %v", x, x.Limits)
+				}
+				windows := map[time.Duration]bool{}
+				for _, l := range x.Limits {
+					if l.Unlimited {
+						continue
+					}
+					if l.Window <= 0 || l.Window > 366*24*time.Hour || l.UnitMultiplier < 1 || l.Window != time.Duration(l.UnitMultiplier)*Units[l.Unit] ||
+						l.RequestsPerUnit < 0 || l.RequestsPerUnit > MaxRequestsPerUnit || windows[l.Window] {
+						t.Fatalf("rate limit %+v", l)
+					}
+					windows[l.Window] = true
 				}
 				walk(x.Descriptors, depth+1)
 			}

@@ -2,7 +2,10 @@ package rlsconfig
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/extauthz/extauthz/internal/config"
 )
@@ -20,6 +23,7 @@ type rawDescriptor struct {
 	Key            string          `yaml:"key"`
 	Value          string          `yaml:"value"`
 	RateLimit      *rawRateLimit   `yaml:"rate_limit"`
+	RateLimits     []rawRateLimit  `yaml:"rate_limits"` // several limits, all of which must allow
 	Descriptors    []rawDescriptor `yaml:"descriptors"`
 	ShadowMode     bool            `yaml:"shadow_mode"`
 	DetailedMetric bool            `yaml:"detailed_metric"`
@@ -29,6 +33,8 @@ type rawDescriptor struct {
 
 type rawRateLimit struct {
 	Unit            string       `yaml:"unit"`
+	UnitMultiplier  *int64       `yaml:"unit_multiplier"` // Envoy's RateLimit API's: the window is unit × unit_multiplier
+	Window          string       `yaml:"window"`          // a duration, in place of unit and unit_multiplier
 	RequestsPerUnit *int64       `yaml:"requests_per_unit"`
 	Unlimited       bool         `yaml:"unlimited"`
 	Name            string       `yaml:"name"`
@@ -138,14 +144,62 @@ func (v *validator) descriptors(raws []rawDescriptor, parent string, depth int) 
 		} else if r.ShareThreshold {
 			v.errs.Add(path+".share_threshold", "applies to wildcard values (with a *), not %q", r.Value)
 		}
-		if r.RateLimit != nil {
-			d.Limit = v.rateLimit(r.RateLimit, path+".rate_limit")
+		d.Limits = v.rateLimits(r, path)
+		if len(d.Limits) > 0 {
+			d.Limit = d.Limits[0]
 		}
 		if r.ShadowMode && d.Limit == nil {
 			v.warn(path+".shadow_mode", "has no effect without a rate_limit at this level")
 		}
 		d.Descriptors = v.descriptors(r.Descriptors, path+".", depth+1)
 		out = append(out, d)
+	}
+	return out
+}
+
+// rateLimits checks a descriptor's limits: its rate_limit (what
+// envoyproxy/ratelimit reads), or its list of rate_limits, which must all
+// allow a request. Each limit of a list is counted apart, by its window,
+// so a list has one limit per window.
+func (v *validator) rateLimits(r *rawDescriptor, path string) []*RateLimit {
+	switch {
+	case r.RateLimit != nil && r.RateLimits != nil:
+		v.errs.Add(path+".rate_limits", "give rate_limit (one limit) or rate_limits (several), not both")
+		return nil
+	case r.RateLimit != nil:
+		return []*RateLimit{v.rateLimit(r.RateLimit, path+".rate_limit")}
+	case r.RateLimits == nil:
+		return nil
+	case len(r.RateLimits) == 0:
+		v.errs.Add(path+".rate_limits", "is empty; give at least one limit, or leave it out")
+		return nil
+	}
+	if len(r.RateLimits) > MaxLimits {
+		v.errs.Add(path+".rate_limits", "has %d limits; at most %d (one per window)", len(r.RateLimits), MaxLimits)
+		return nil
+	}
+	out := make([]*RateLimit, 0, len(r.RateLimits))
+	windows := map[time.Duration]int{}
+	for i := range r.RateLimits {
+		raw := &r.RateLimits[i]
+		p := fmt.Sprintf("%s.rate_limits[%d]", path, i)
+		l := v.rateLimit(raw, p)
+		if l.Unlimited && len(r.RateLimits) > 1 {
+			v.errs.Add(p+".unlimited", "stands alone: beside it, the other limits of rate_limits would never apply")
+		}
+		if prev, dup := windows[l.Window]; dup && l.Window > 0 {
+			v.errs.Add(p, "its window, %s, is already rate_limits[%d]'s; a descriptor has one limit per window (keep the stricter, or change one's window)", FormatWindow(l.Window), prev)
+		} else if l.Window > 0 {
+			windows[l.Window] = i
+		}
+		for j, rep := range l.Replaces {
+			for k := range r.RateLimits {
+				if k != i && rep != "" && r.RateLimits[k].Name == rep {
+					v.errs.Add(fmt.Sprintf("%s.replaces[%d].name", p, j), "%q names rate_limits[%d] of this same descriptor; replaces removes the limits of other descriptors", rep, k)
+				}
+			}
+		}
+		out = append(out, l)
 	}
 	return out
 }
@@ -169,7 +223,8 @@ func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
 			name string
 			set  bool
 		}{
-			{"unit", r.Unit != ""}, {"algorithm", r.Algorithm != ""}, {"mode", r.Mode != ""},
+			{"unit", r.Unit != ""}, {"unit_multiplier", r.UnitMultiplier != nil}, {"window", r.Window != ""},
+			{"algorithm", r.Algorithm != ""}, {"mode", r.Mode != ""},
 			{"on_redis_error", r.OnRedisError != ""}, {"burst", r.Burst != 0}, {"queue", r.Queue != nil}, {"max_delay", r.MaxDelay != ""},
 		} {
 			if f.set {
@@ -182,15 +237,7 @@ func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
 		return l
 	}
 
-	l.Unit = strings.ToLower(r.Unit)
-	switch w, ok := Units[l.Unit]; {
-	case r.Unit == "":
-		v.errs.Add(path+".unit", "is required; choices are %s", strings.Join(unitNames, ", "))
-	case !ok:
-		v.errs.Add(path+".unit", "%q is not a unit; choices are %s", r.Unit, strings.Join(unitNames, ", "))
-	default:
-		l.Window = w
-	}
+	v.window(r, path, l)
 	switch {
 	case r.RequestsPerUnit == nil:
 		v.errs.Add(path+".requests_per_unit", "is required (0 puts every request over the limit)")
@@ -211,4 +258,89 @@ func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
 	}, path, &v.place, v.errs)
 	l.Algorithm, l.Burst, l.Queue, l.MaxDelay, l.Mode, l.OnRedisError = set.Algorithm, r.Burst, set.Queue, set.MaxDelay, set.Mode, set.OnRedisError
 	return l
+}
+
+// window reads a limit's window into l: a unit, times unit_multiplier
+// (1 when left out), as Envoy's RateLimit API writes one; or a window
+// duration, which l then gives as the longest unit that divides it (90s
+// is 90 seconds, 5m 5 minutes), so that the answer's current_limit, which
+// Envoy reads in units, states it exactly.
+func (v *validator) window(r *rawRateLimit, path string, l *RateLimit) {
+	unitChoices := strings.Join(unitNames, ", ")
+	if r.Window != "" {
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"unit", r.Unit != ""}, {"unit_multiplier", r.UnitMultiplier != nil}} {
+			if f.set {
+				v.errs.Add(path+"."+f.name, "give unit (with unit_multiplier) or window, not both")
+			}
+		}
+		if r.Unit != "" || r.UnitMultiplier != nil {
+			return
+		}
+		w, err := time.ParseDuration(r.Window)
+		switch {
+		case err != nil:
+			v.errs.Add(path+".window", "%q is not a duration (like 30s, 5m, 2h)", r.Window)
+		case config.WindowProblem(w) != "":
+			v.errs.Add(path+".window", "%q %s", r.Window, config.WindowProblem(w))
+		case w%time.Second != 0:
+			v.errs.Add(path+".window", "%q is not a whole number of seconds: the answer's current_limit gives the window in Envoy's units, of a second at least", r.Window)
+		default:
+			l.Window = w
+			for i := len(unitNames) - 1; i >= 0; i-- {
+				if u := Units[unitNames[i]]; w%u == 0 {
+					l.Unit, l.UnitMultiplier = unitNames[i], int64(w/u)
+					break
+				}
+			}
+		}
+		return
+	}
+	l.Unit = strings.ToLower(r.Unit)
+	u, ok := Units[l.Unit]
+	switch {
+	case r.Unit == "":
+		v.errs.Add(path+".unit", "is required (or a window); choices are %s", unitChoices)
+	case !ok:
+		v.errs.Add(path+".unit", "%q is not a unit; choices are %s", r.Unit, unitChoices)
+	}
+	l.UnitMultiplier = 1
+	if m := r.UnitMultiplier; m != nil {
+		if *m < 1 {
+			v.errs.Add(path+".unit_multiplier", "%d must be at least 1", *m)
+			return
+		}
+		if ok {
+			// Saturated rather than overflowed: any window past the
+			// longest is refused alike.
+			w := time.Duration(math.MaxInt64)
+			if *m <= int64(math.MaxInt64/u) {
+				w = time.Duration(*m) * u
+			}
+			if problem := config.WindowProblem(w); problem != "" {
+				v.errs.Add(path+".unit_multiplier", "%d × %s %s", *m, l.Unit, problem)
+				return
+			}
+		}
+		l.UnitMultiplier = *m
+	}
+	if ok {
+		l.Window = time.Duration(l.UnitMultiplier) * u
+	}
+}
+
+// FormatWindow writes a window in its longest whole unit of s, m, h or d
+// (30s, 5m, 1d, 30d): what names the limits of a descriptor with several.
+func FormatWindow(w time.Duration) string {
+	for _, u := range []struct {
+		d    time.Duration
+		name string
+	}{{24 * time.Hour, "d"}, {time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}} {
+		if w >= u.d && w%u.d == 0 {
+			return strconv.FormatInt(int64(w/u.d), 10) + u.name
+		}
+	}
+	return w.String()
 }

@@ -30,6 +30,11 @@ import (
 // so no request descriptor of more entries can match.
 const MaxDepth = 16
 
+// MaxLimits is the most rate_limits one descriptor may carry: each is a
+// decision per request that matches it (in redis mode, a Redis call), and
+// a request's descriptors are bounded as a Check's policies are.
+const MaxLimits = 8
+
 // MaxRequestsPerUnit is the largest requests_per_unit: the protocol
 // carries it as a uint32.
 const MaxRequestsPerUnit = 1<<32 - 1
@@ -77,8 +82,12 @@ type Descriptor struct {
 	// matches any run of characters, in order. Nil for a plain value.
 	Wildcard []string
 	Path     string     // the field path in the file: descriptors[0].descriptors[2]
-	Limit    *RateLimit // nil: no rate limit at this level
-	Shadow   bool       // shadow_mode: decide and count, never deny
+	Limit    *RateLimit // the first of Limits; nil: no rate limit at this level
+	// Limits are the descriptor's rate_limit, or its rate_limits, every
+	// one of which must allow a request (taken all or none); no two have
+	// the same window. Empty: no rate limit at this level.
+	Limits []*RateLimit
+	Shadow bool // shadow_mode: decide and count, never deny
 	// DetailedMetric names the decisions' metrics by the request's
 	// values, ValueToMetric by the value of this entry, ShareThreshold
 	// counts every value matching a wildcard in one bucket.
@@ -90,7 +99,8 @@ type Descriptor struct {
 type RateLimit struct {
 	Name            string        // "" when none; the target of other limits' replaces
 	Unit            string        // second, minute, ... (lower case); "" when unlimited
-	Window          time.Duration // the unit's length
+	UnitMultiplier  int64         // units per window, 1 unless unit_multiplier (or a window) says otherwise
+	Window          time.Duration // the unit's length times UnitMultiplier
 	RequestsPerUnit int64         // 0: every request is over the limit
 	Unlimited       bool          // never counted, never over the limit
 	Replaces        []string      // names of the limits this one removes from a request

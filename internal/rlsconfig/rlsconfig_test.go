@@ -285,3 +285,59 @@ func TestFilesRefusesEntriesThatCannotBeFollowed(t *testing.T) {
 		t.Errorf("a directory named sub.yaml: %v, %v; want it left out", files, err)
 	}
 }
+
+// A descriptor's limits: one rate_limit (Limits of one), or a list of
+// rate_limits, each with a window of unit × unit_multiplier or a window
+// duration, given back in the longest unit that divides it (what the
+// answer's current_limit states).
+func TestSeveralLimitsAndWindows(t *testing.T) {
+	d, err := Parse([]byte(`
+domain: api
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 10}
+      - {unit: Day, requests_per_unit: 10000, algorithm: token_bucket}
+  - key: half_minute
+    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 2}
+  - key: windows
+    rate_limits:
+      - {window: 90s, requests_per_unit: 1}
+      - {window: 5m, requests_per_unit: 2}
+      - {window: 2h, requests_per_unit: 3}
+      - {window: 336h, requests_per_unit: 4}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`), "api.yaml", localOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := d.Descriptors[0]
+	if len(user.Limits) != 2 || user.Limit != user.Limits[0] {
+		t.Fatalf("user limits %+v", user.Limits)
+	}
+	if b, day := user.Limits[0], user.Limits[1]; b.Name != "burst" || b.Window != time.Second || b.UnitMultiplier != 1 ||
+		day.Unit != "day" || day.Window != 24*time.Hour || day.RequestsPerUnit != 10000 || day.Algorithm != config.TokenBucket {
+		t.Fatalf("user limits %+v %+v", b, day)
+	}
+	if l := d.Descriptors[1].Limit; len(d.Descriptors[1].Limits) != 1 || l.Unit != "second" || l.UnitMultiplier != 30 || l.Window != 30*time.Second {
+		t.Fatalf("half_minute %+v", l)
+	}
+	want := []struct {
+		unit string
+		mult int64
+	}{{"second", 90}, {"minute", 5}, {"hour", 2}, {"week", 2}}
+	for i, l := range d.Descriptors[2].Limits {
+		if l.Unit != want[i].unit || l.UnitMultiplier != want[i].mult || l.Window != time.Duration(want[i].mult)*Units[want[i].unit] {
+			t.Errorf("windows[%d]: %s × %d (%s), want %s × %d", i, l.Unit, l.UnitMultiplier, l.Window, want[i].unit, want[i].mult)
+		}
+	}
+	if l := d.Descriptors[3].Limit; l.UnitMultiplier != 1 || l.Window != time.Minute {
+		t.Fatalf("plain %+v", l)
+	}
+	for w, s := range map[time.Duration]string{time.Second: "1s", 90 * time.Second: "90s", 5 * time.Minute: "5m", 24 * time.Hour: "1d", 30 * 24 * time.Hour: "30d", 36 * time.Hour: "36h"} {
+		if got := FormatWindow(w); got != s {
+			t.Errorf("FormatWindow(%s) = %s, want %s", w, got, s)
+		}
+	}
+}

@@ -23,9 +23,10 @@ import (
 // a second time, so that no headline figure depends only on a client
 // written here. It is pinned in tools/bench, a module of its own, so that
 // its dependencies stay out of the product's go.mod; the bench builds it
-// at start. The sidecar serves no reflection, so ghz reads the services
-// from a protoset written from the descriptors compiled into this program
-// (the same go-control-plane version the sidecar is built with).
+// at start. The no-op ceilings serve no reflection, so ghz reads the
+// services of every server it drives from one protoset, written from the
+// descriptors compiled into this program (the same go-control-plane
+// version the sidecar is built with), rather than from the sidecar's.
 
 // The methods ghz calls.
 const (
