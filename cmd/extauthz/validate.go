@@ -128,6 +128,9 @@ func printSummary(w io.Writer, cfg *config.Config) {
 	store := "none (local only)"
 	if cfg.Redis != nil {
 		store = strings.Join(cfg.Redis.Addrs, ",")
+		if sc := cfg.Redis.Sentinel; sc != nil {
+			store = fmt.Sprintf("master %q from sentinels %s", sc.MasterName, strings.Join(sc.Addrs, ","))
+		}
 	}
 	fmt.Fprintf(w, "grpc %s, http %s, admin %s, redis %s, %d client keys, local cache %d keys\n",
 		cfg.Listen.GRPC, orNone(cfg.Listen.HTTP), orNone(cfg.Listen.Admin), store, len(cfg.Clients.Keys), cfg.Local.MaxKeys)
