@@ -13,6 +13,7 @@ import (
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
@@ -240,7 +241,11 @@ func runSentinelFailover(t *testing.T, g *testredis.Sentinels, replicas []*sidec
 	wg.Wait()
 	res.elapsed = time.Since(begin)
 	res.degradedAfterUp = degradedNow() - atUp
-	res.peersOnNew, _ = g.Client(promoted.Addr).ZCard(ctx, "rl:{peers}").Result()
+	if n, err := g.Client(promoted.Addr).ZCard(ctx, redisstore.PeersKey("rl:")).Result(); err == nil {
+		res.peersOnNew = n
+	} else {
+		t.Errorf("reading the heartbeat set on the new master: %v", err)
+	}
 	res.breakers = sentinelBreakers(t, replicas)
 	res.firstDown, res.lastUp = res.elapsed, 0
 	for _, b := range res.breakers {
