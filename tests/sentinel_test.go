@@ -358,7 +358,11 @@ func TestSentinelPasswords(t *testing.T) {
 	if n, err := g.Client(g.Master.Addr).DBSize(context.Background()).Result(); err != nil || n == 0 {
 		t.Fatalf("the master holds %d keys (%v): the decisions were not counted there", n, err)
 	}
-	if logs := s.logs.String(); strings.Contains(logs, "sentinel-pass") || strings.Contains(logs, "server-pass") {
+	logs := s.logs.String()
+	if strings.Contains(logs, "sentinel-pass") || strings.Contains(logs, "server-pass") {
 		t.Fatal("a password appears in the log")
+	}
+	if want := fmt.Sprintf(`"redis":"sentinel:%s@%s"`, g.Name, strings.Join(g.Addrs(), ",")); !strings.Contains(logs, want) {
+		t.Fatalf("the start-up record lacks %s:\n%s", want, logs)
 	}
 }
