@@ -23,15 +23,16 @@ func sentinelConfig(g *testredis.Sentinels, mode, body string) string {
 		g.Name, strings.Join(g.Addrs(), ", "), mode, body)
 }
 
-// A master watched by three sentinels, with two replicas, losing its
-// master under load, as a user runs it: three sidecars at the shipped
-// defaults, 100 keys of 100 per minute (burst 100) under 32 concurrent
-// Checks for 10s, and the master killed (SIGKILL) 2s in.
+// A replication group watched by three sentinels (a master and two
+// replicas) losing its master under load, as a user runs it: three
+// sidecars at the shipped defaults, 100 keys of 100 per minute (burst
+// 100) under 32 concurrent Checks for 10s, and the master killed
+// (SIGKILL) 2s in.
 //
 // Sentinel's down-after-milliseconds is 1000 and failover-timeout 5000
 // (Sentinel's defaults, 30s and 3 minutes, would make the run minutes
 // long): these are Sentinel's settings, and the degraded window scales
-// with down-after-milliseconds (docs/deploying.md gives the sum).
+// with down-after-milliseconds (docs/modes.md gives the sum).
 //
 // The claims (docs/modes.md, "Redis Sentinel"):
 //   - every key falls back from the kill until a probe finds the
