@@ -137,12 +137,14 @@ func (g *Sentinels) startSentinel(mport string) *Server {
 	return launch(t, &Server{t: t, dir: dir, sentinelConf: conf})
 }
 
-// sentinelArgs is the command line of a sentinel on s.port.
+// sentinelArgs is the command line of a sentinel on s.port: the
+// configuration file first, as redis-server wants it, then
+// redis-server's --sentinel where that is how a sentinel starts.
 func (s *Server) sentinelArgs() []string {
 	bin := SentinelBinary(s.t)
-	args := append(append([]string(nil), bin[1:]...), s.sentinelConf, "--port", strconv.Itoa(s.port),
+	args := append([]string{bin[0], s.sentinelConf}, bin[1:]...)
+	return append(args, "--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1", "--dir", s.dir, "--loglevel", "warning", "--daemonize", "no")
-	return append([]string{bin[0]}, args...)
 }
 
 // Addrs returns the sentinels' addresses.
