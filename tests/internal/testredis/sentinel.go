@@ -58,7 +58,8 @@ func SentinelBinary(t testing.TB) []string {
 		return []string{p}
 	}
 	if p, err := exec.LookPath("redis-server"); err == nil {
-		if out, err := exec.Command(p, "--help").CombinedOutput(); err == nil && strings.Contains(string(out), "--sentinel") {
+		// redis-server --help exits 1, its usage on stderr.
+		if out, _ := exec.Command(p, "--help").CombinedOutput(); strings.Contains(string(out), "--sentinel") {
 			return []string{p, "--sentinel"}
 		}
 	}
