@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test test-unit lint fuzz redis-server nginx test-caddy bench bench-compare bench-fleet bench-micro clean image test-deploy test-chart kind-up kind-load kind-apply kind-smoke kind-down demo
+.PHONY: all build run test test-unit lint fuzz redis-server redis-sentinel nginx test-caddy bench bench-compare bench-fleet bench-micro clean image test-deploy test-chart kind-up kind-load kind-apply kind-smoke kind-down demo
 IMAGE   ?= extauthz:dev
 
 # go-control-plane ships generated marshallers (vtprotobuf) behind this
@@ -23,7 +23,7 @@ run:
 
 # The whole suite: formatting, vet, tidiness, unit tests and the end-to-end
 # tests that build the binary and start their own redis-server processes.
-test: redis-server nginx lint test-deploy test-caddy fuzz
+test: redis-server redis-sentinel nginx lint test-deploy test-caddy fuzz
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 # The fast lane: the product packages' own tests, in seconds, with no Redis
@@ -61,6 +61,13 @@ redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
 		echo "redis-server not found: installing it (apt-get)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+
+# The Sentinel tests start redis-sentinel processes beside redis-server;
+# Debian ships the binary in a package of its own.
+redis-sentinel: redis-server
+	@command -v redis-sentinel >/dev/null 2>&1 || { \
+		echo "redis-sentinel not found: installing it (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-sentinel; }
 
 # tests/nginx_test.go runs the shipped proxies/nginx config in a real nginx
 # with the auth_request module: Debian's nginx package has it built in

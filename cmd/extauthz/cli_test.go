@@ -142,3 +142,20 @@ descriptors:
 		}
 	}
 }
+
+// validate's summary names the Sentinel master and the sentinels the
+// sidecar asks for it.
+func TestValidateSummaryNamesSentinel(t *testing.T) {
+	path := t.TempDir() + "/sentinel.yaml"
+	cfg := "redis:\n  sentinel: {master_name: rl, addrs: [10.0.0.1:26379, 10.0.0.2:26379]}\ndefault_mode: redis\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"validate", "-config", path}, nil, &out, &errb); code != 0 {
+		t.Fatalf("validate: exit %d, stderr %q", code, errb.String())
+	}
+	if want := `redis master "rl" from sentinels 10.0.0.1:26379,10.0.0.2:26379,`; !strings.Contains(out.String(), want) {
+		t.Fatalf("summary lacks %q:\n%s", want, out.String())
+	}
+}

@@ -138,6 +138,9 @@ func printSummary(w io.Writer, cfg *config.Config) {
 	store := "none (local only)"
 	if cfg.Redis != nil {
 		store = strings.Join(cfg.Redis.Addrs, ",")
+		if sc := cfg.Redis.Sentinel; sc != nil {
+			store = fmt.Sprintf("master %q from sentinels %s", sc.MasterName, strings.Join(sc.Addrs, ","))
+		}
 	}
 	reflection := "on"
 	if !cfg.Listen.Reflection {

@@ -125,13 +125,28 @@ type ClientTLS struct {
 
 // Redis holds the shared store's connection settings.
 type Redis struct {
-	Addrs       []string // one: standalone; several: Redis Cluster
-	Username    string
+	Addrs []string // one: standalone; several: Redis Cluster; none with Sentinel
+	// Sentinel finds the master through Redis Sentinel; nil: Addrs name
+	// the servers.
+	Sentinel    *Sentinel
+	Username    string        // of the master and replicas (not the sentinels)
 	PasswordEnv string        // name of the environment variable holding the password
 	TLS         *ClientTLS    // nil: plaintext
 	Timeout     time.Duration // per call
 	KeyPrefix   string
 	PoolSize    int // connections per Redis server (per Cluster master)
+}
+
+// Sentinel says which sentinels to ask for the master of a Redis
+// replication group: the client follows the master they name across
+// failovers.
+type Sentinel struct {
+	MasterName string   // the name the sentinels monitor the master by
+	Addrs      []string // the sentinels' host:port (one is enough; give them all)
+	// Username and PasswordEnv authenticate to the sentinels, which may
+	// have credentials of their own (Sentinel's requirepass); empty: none.
+	Username    string
+	PasswordEnv string
 }
 
 // Local holds the bounds of this process's per-key state.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -322,5 +323,29 @@ func TestReflectionOnUnlessTurnedOff(t *testing.T) {
 		if c.Listen.Reflection != want {
 			t.Errorf("%s: reflection %v, want %v", doc, c.Listen.Reflection, want)
 		}
+	}
+}
+
+func TestRedisSentinel(t *testing.T) {
+	c, err := Parse([]byte(`
+redis:
+  sentinel:
+    master_name: rl
+    addrs: [10.0.0.1:26379, 10.0.0.2:26379]
+    username: watcher
+    password_env: SENTINEL_PASSWORD
+  password_env: REDIS_PASSWORD
+  tls: true
+default_mode: redis
+`), "sentinel.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Sentinel{MasterName: "rl", Addrs: []string{"10.0.0.1:26379", "10.0.0.2:26379"}, Username: "watcher", PasswordEnv: "SENTINEL_PASSWORD"}
+	if c.Redis.Sentinel == nil || !reflect.DeepEqual(*c.Redis.Sentinel, want) {
+		t.Fatalf("sentinel = %+v, want %+v", c.Redis.Sentinel, want)
+	}
+	if len(c.Redis.Addrs) != 0 || c.Redis.PasswordEnv != "REDIS_PASSWORD" || c.Redis.TLS == nil {
+		t.Fatalf("redis = %+v", c.Redis)
 	}
 }

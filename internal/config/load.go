@@ -48,12 +48,20 @@ type rawServerTLS struct {
 
 type rawRedis struct {
 	Addrs       []string     `yaml:"addrs"`
+	Sentinel    *rawSentinel `yaml:"sentinel"`
 	Username    string       `yaml:"username"`
 	PasswordEnv string       `yaml:"password_env"`
 	TLS         rawClientTLS `yaml:"tls"`
 	Timeout     string       `yaml:"timeout"`
 	KeyPrefix   *string      `yaml:"key_prefix"`
 	PoolSize    int          `yaml:"pool_size"`
+}
+
+type rawSentinel struct {
+	MasterName  string   `yaml:"master_name"`
+	Addrs       []string `yaml:"addrs"`
+	Username    string   `yaml:"username"`
+	PasswordEnv string   `yaml:"password_env"`
 }
 
 // rawClientTLS is `tls: true|false` or a mapping of TLS settings (which

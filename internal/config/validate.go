@@ -293,14 +293,15 @@ func validateRedis(r *rawRedis, errs *Errors, warnings *[]string) *Redis {
 		KeyPrefix:   DefaultKeyPrefix,
 		PoolSize:    DefaultPoolSize,
 	}
-	if len(r.Addrs) == 0 {
-		errs.add("redis.addrs", "needs at least one host:port")
+	switch {
+	case r.Sentinel != nil && len(r.Addrs) > 0:
+		errs.add("redis.sentinel", "excludes redis.addrs: with Sentinel the sentinels name the master; give either redis.addrs (a standalone server or Cluster) or redis.sentinel.addrs (the sentinels)")
+	case r.Sentinel != nil:
+		rc.Sentinel = validateSentinel(r.Sentinel, errs)
+	case len(r.Addrs) == 0:
+		errs.add("redis.addrs", "needs at least one host:port (or redis.sentinel, to find the master through Sentinel)")
 	}
-	for i, a := range r.Addrs {
-		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
-			errs.add(fmt.Sprintf("redis.addrs[%d]", i), "%q is not host:port", a)
-		}
-	}
+	hostPorts(r.Addrs, "redis.addrs", errs)
 	if r.PasswordEnv != "" && !envName.MatchString(r.PasswordEnv) {
 		errs.add("redis.password_env", "%q is not an environment variable name", r.PasswordEnv)
 	}
@@ -330,6 +331,31 @@ func validateRedis(r *rawRedis, errs *Errors, warnings *[]string) *Redis {
 		}
 	}
 	return rc
+}
+
+// validateSentinel checks redis.sentinel: the master's name and at least
+// one sentinel.
+func validateSentinel(r *rawSentinel, errs *Errors) *Sentinel {
+	if r.MasterName == "" {
+		errs.add("redis.sentinel.master_name", "is required: the name the sentinels monitor the master by (`sentinel monitor <name> ...`)")
+	}
+	if len(r.Addrs) == 0 {
+		errs.add("redis.sentinel.addrs", "needs at least one sentinel's host:port")
+	}
+	hostPorts(r.Addrs, "redis.sentinel.addrs", errs)
+	if r.PasswordEnv != "" && !envName.MatchString(r.PasswordEnv) {
+		errs.add("redis.sentinel.password_env", "%q is not an environment variable name", r.PasswordEnv)
+	}
+	return &Sentinel{MasterName: r.MasterName, Addrs: r.Addrs, Username: r.Username, PasswordEnv: r.PasswordEnv}
+}
+
+// hostPorts reports each of addrs, listed at path, that is not host:port.
+func hostPorts(addrs []string, path string, errs *Errors) {
+	for i, a := range addrs {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			errs.add(fmt.Sprintf("%s[%d]", path, i), "%q is not host:port", a)
+		}
+	}
 }
 
 // requireFile reports a missing or unreadable file named at path.

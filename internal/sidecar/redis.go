@@ -43,13 +43,9 @@ type redisParts struct {
 // answers. A refused password is, because it will not fix itself.
 func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Registerer, log *slog.Logger) (*redisParts, error) {
 	rc := cfg.Redis
-	password := ""
-	if rc.PasswordEnv != "" {
-		v, ok := os.LookupEnv(rc.PasswordEnv)
-		if !ok {
-			return nil, fmt.Errorf("redis.password_env: environment variable %s is not set", rc.PasswordEnv)
-		}
-		password = v
+	password, err := secretFromEnv(rc.PasswordEnv, "redis.password_env")
+	if err != nil {
+		return nil, err
 	}
 	co := redisstore.ClientOptions{
 		Addrs:    rc.Addrs,
@@ -58,6 +54,15 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 		Timeout:  rc.Timeout,
 		PoolSize: rc.PoolSize,
 		Name:     "extauthz",
+	}
+	where := []any{"addrs", strings.Join(rc.Addrs, ","), "cluster", len(rc.Addrs) > 1}
+	if sc := rc.Sentinel; sc != nil {
+		sp, err := secretFromEnv(sc.PasswordEnv, "redis.sentinel.password_env")
+		if err != nil {
+			return nil, err
+		}
+		co.Addrs, co.MasterName, co.SentinelUsername, co.SentinelPassword = sc.Addrs, sc.MasterName, sc.Username, sp
+		where = []any{"sentinels", strings.Join(sc.Addrs, ","), "master_name", sc.MasterName}
 	}
 	if rc.TLS != nil {
 		tc, err := ClientTLS(rc.TLS)
@@ -78,14 +83,13 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 	cancel()
 	switch err := pingErr; {
 	case err == nil:
-		log.Info("redis connected", "addrs", strings.Join(rc.Addrs, ","), "cluster", len(rc.Addrs) > 1)
+		log.Info("redis connected", where...)
 	case isAuthError(err):
 		clients.Close()
-		return nil, fmt.Errorf("redis %s refused the credentials (user %q, password from $%s): %v",
-			strings.Join(rc.Addrs, ","), rc.Username, rc.PasswordEnv, err)
+		return nil, authError(rc, err)
 	default:
 		log.Warn("redis unreachable at start-up; policies follow on_redis_error until it answers",
-			"addrs", strings.Join(rc.Addrs, ","), "error", err.Error())
+			append(where, "error", err.Error())...)
 	}
 
 	opened, err := redisstore.Open(clients.Pipe, clients.Close, redisstore.OpenOptions{
@@ -112,6 +116,31 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 		return nil, err
 	}
 	return &redisParts{Opened: opened, clients: clients}, nil
+}
+
+// secretFromEnv returns the value of the environment variable name
+// (configured at path); "" when name is.
+func secretFromEnv(name, path string) (string, error) {
+	if name == "" {
+		return "", nil
+	}
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return "", fmt.Errorf("%s: environment variable %s is not set", path, name)
+	}
+	return v, nil
+}
+
+// authError says whose credentials were refused. go-redis reports a
+// sentinel's refusal when no sentinel would name the master, so with
+// Sentinel both sets of credentials are named.
+func authError(rc *config.Redis, err error) error {
+	if sc := rc.Sentinel; sc != nil {
+		return fmt.Errorf("redis (master %q through sentinels %s) refused the credentials (redis: user %q, password from $%s; sentinels: user %q, password from $%s): %v",
+			sc.MasterName, strings.Join(sc.Addrs, ","), rc.Username, rc.PasswordEnv, sc.Username, sc.PasswordEnv, err)
+	}
+	return fmt.Errorf("redis %s refused the credentials (user %q, password from $%s): %v",
+		strings.Join(rc.Addrs, ","), rc.Username, rc.PasswordEnv, err)
 }
 
 func isAuthError(err error) bool {

@@ -320,6 +320,9 @@ func (s *Sidecar) Start() error {
 	redisAddrs := "none"
 	if cfg.Redis != nil {
 		redisAddrs = strings.Join(cfg.Redis.Addrs, ",")
+		if sc := cfg.Redis.Sentinel; sc != nil {
+			redisAddrs = "sentinel:" + sc.MasterName + "@" + strings.Join(sc.Addrs, ",")
+		}
 	}
 	s.log.Info("serving", "grpc", glis.Addr().String(), "http", httpAddr, "admin", adminAddr,
 		"config", cfg.Source, "policies", len(cfg.Policies), "default_mode", string(cfg.DefaultMode),

@@ -10,12 +10,23 @@ import (
 )
 
 // ClientOptions says how to reach Redis: one address is a standalone
-// server, several are the seed nodes of a Redis Cluster.
+// server, several are the seed nodes of a Redis Cluster; with MasterName,
+// they are the sentinels that name the master of a replication group.
 type ClientOptions struct {
 	Addrs    []string
-	Username string
+	Username string // of the servers
 	Password string
-	TLS      *tls.Config // nil: plaintext
+	TLS      *tls.Config // nil: plaintext (for the sentinels too)
+	// MasterName finds the master through Redis Sentinel: Addrs are the
+	// sentinels, asked for the master's address on every dial, and a
+	// failover they announce closes the connections to the old master.
+	// "": no Sentinel.
+	MasterName string
+	// SentinelUsername and SentinelPassword authenticate to the
+	// sentinels (Sentinel's own requirepass); Username and Password are
+	// the servers'.
+	SentinelUsername string
+	SentinelPassword string
 	// Timeout is the per-call timeout (the store's); dials get five times
 	// it, at least 100ms.
 	Timeout time.Duration
@@ -88,6 +99,13 @@ func NewClients(o ClientOptions) (*Clients, error) {
 		PoolSize:         o.PoolSize,
 		PipelinePoolSize: -1,
 		ClientName:       o.Name,
+		// With Sentinel there is one master at a time, found anew on
+		// every dial: to the breaker it is a standalone server whose
+		// address may change, so its one breaker (and its probe, on a
+		// failover client of its own) follows the master Sentinel names.
+		MasterName:       o.MasterName,
+		SentinelUsername: o.SentinelUsername,
+		SentinelPassword: o.SentinelPassword,
 	}
 	c := &Clients{nodeProbes: map[string]*redis.Client{}}
 	c.Client = redis.NewUniversalClient(opts)

@@ -1,9 +1,10 @@
 // Package testredis starts real redis-server processes on free loopback
 // ports: for tests, standalone servers that can be killed, frozen and
-// restarted, and Redis Clusters, each stopped when its test ends; for the
+// restarted, Redis Clusters, and replication groups watched by Redis
+// Sentinel (sentinel.go), each stopped when its test ends; for the
 // benchmark and the demo, detached servers and the extauthz processes
-// beside them (detached.go). `make test` installs redis-server where it is
-// missing.
+// beside them (detached.go). `make test` installs redis-server and
+// redis-sentinel where they are missing.
 package testredis
 
 import (
@@ -34,8 +35,10 @@ type Server struct {
 	dir       string
 	args      []string
 	tls       *TLSFiles
-	cmd       *exec.Cmd
-	done      chan struct{} // closed when the process has exited
+	// sentinelConf is a sentinel's configuration file; "": a server.
+	sentinelConf string
+	cmd          *exec.Cmd
+	done         chan struct{} // closed when the process has exited
 }
 
 // Binary returns the path of redis-server or fails the test with how to
@@ -99,6 +102,10 @@ func (s *Server) start() error {
 		"--save", "", "--appendonly", "no", "--daemonize", "no",
 		"--dir", s.dir, "--loglevel", "warning"), s.args...)
 	s.cmd = exec.Command(Binary(s.t), args...)
+	if s.sentinelConf != "" {
+		argv := s.sentinelArgs()
+		s.cmd = exec.Command(argv[0], argv[1:]...)
+	}
 	s.cmd.Stdout = &prefixWriter{}
 	s.cmd.Stderr = s.cmd.Stdout
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
