@@ -73,11 +73,11 @@ type Policy struct {
 	plans   map[string]Limit // UsePlan: by plan name; "" holds plans.default
 	prefix  string           // partition key prefix: the escaped name
 	counters
-	costReader *costReader        // nil for a constant cost
+	costReader *costReader // nil for a constant cost
 	// limitReader counts limits read per request that were defaulted or
 	// clamped; nil when the limit is not read per request.
 	limitReader *limitReader
-	unlimited  prometheus.Counter // decisions of unlimited limits; nil when the policy has none
+	unlimited   prometheus.Counter // decisions of unlimited limits; nil when the policy has none
 	// unknownPlan counts plan_from names that are not plans; nil
 	// without plan_from.
 	unknownPlan prometheus.Counter
