@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"math"
 	"strconv"
 	"sync/atomic"
 
@@ -83,14 +84,33 @@ func (e *Engine) limitOf(ctx context.Context, p *Policy, a *Request, c *Client) 
 				slog.String("policy", p.Name), slog.String("limit", p.LimitFrom.String()), slog.String("value", strconv.FormatInt(n, 10)))
 		}
 		return p.ceiling
-	case n == p.LimitFrom.Max:
-		return p.ceiling
-	case n == p.LimitFrom.Default:
+	}
+	return p.limitOfValue(n)
+}
+
+// limitOfValue is p's limit of n units per window, for n from 1 to its
+// max.
+func (p *Policy) limitOfValue(n int64) Limit {
+	switch n {
+	case p.LimitFrom.Default:
 		return p.fixed
+	case p.LimitFrom.Max:
+		return p.ceiling
 	}
 	l := p.fixed
 	l.Limit.Limit = n
 	l.Header = policyHeader(p.Name, n, l.Window)
 	l.Index = -1
 	return l
+}
+
+// usageAux is what the counters API's record of key use keeps of a
+// decision under l: the limit's Index, or for a limit read per request
+// the limit itself (Index is -1 between default and max), so that a
+// key's count is read under the limit its last request had.
+func (p *Policy) usageAux(l *Limit) int32 {
+	if p.limitReader != nil {
+		return int32(min(l.Limit.Limit, math.MaxInt32))
+	}
+	return int32(l.Index)
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -160,5 +161,22 @@ func TestLimitFromRequestLimitsNumbered(t *testing.T) {
 	h := newRig(t, "policies:\n  - {name: h, limit: {header: X-Limit, default: 10, max: 100}, window: 1m}\n")
 	if got := h.e.RequestHeaders(); len(got) != 1 || got[0] != "x-limit" {
 		t.Fatalf("RequestHeaders() = %v, want [x-limit]", got)
+	}
+}
+
+// The counters API reads a key's count under the limit its last request
+// had, and under the default for a key it has not seen.
+func TestLimitFromRequestCounters(t *testing.T) {
+	r := newRig(t, "policies:\n  - {name: c, key: [\"claim:sub\"], limit: {claim: rpm, default: 10, max: 100}, window: 1m}\n")
+	for i := 0; i < 3; i++ {
+		r.decide(&Request{JWT: jwt(map[string]any{"sub": "ada", "rpm": 50})})
+	}
+	c, err := r.e.Counter(context.Background(), "c", "claim:sub:ada", "", r.now)
+	if err != nil || c.Limit != 50 || c.Inspection.Decision.Limit != 50 || c.Inspection.Decision.Remaining != 47 {
+		t.Fatalf("ada's counter: %+v, %v; want 47 of 50 left", c, err)
+	}
+	c, err = r.e.Counter(context.Background(), "c", "claim:sub:bob", "", r.now)
+	if err != nil || c.Limit != 10 || c.Inspection.Decision.Remaining != 10 {
+		t.Fatalf("bob's counter: %+v, %v; want the default's 10 left", c, err)
 	}
 }
