@@ -2,11 +2,15 @@ package engine
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/quota/local"
 )
 
 // A limit read per request: a claim, a header a trusted gateway sets,
@@ -178,5 +182,33 @@ func TestLimitFromRequestCounters(t *testing.T) {
 	c, err = r.e.Counter(context.Background(), "c", "claim:sub:bob", "", r.now)
 	if err != nil || c.Limit != 10 || c.Inspection.Decision.Remaining != 10 {
 		t.Fatalf("bob's counter: %+v, %v; want the default's 10 left", c, err)
+	}
+}
+
+// BenchmarkDecideLimitFromClaim is one decision under a limit read from a
+// claim: at max (compiled with the policy) and between default and max
+// (its RateLimit-Policy rendered per request).
+func BenchmarkDecideLimitFromClaim(b *testing.B) {
+	cfg, err := config.Parse([]byte("policies:\n  - {name: c, key: [\"claim:sub\"], limit: {claim: rpm, default: 10, max: 1000000000}, window: 1s}\n"), "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	table, _ := local.NewTable(1000)
+	e, err := Compile(cfg, Limiters{config.ModeLocal: local.New(table)}, NewMetrics(nil))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, rpm := range []int{1000000000, 500000000} {
+		b.Run(strconv.Itoa(rpm), func(b *testing.B) {
+			r := &Request{JWT: jwt(map[string]any{"sub": "ada", "rpm": rpm})}
+			ctx, now := context.Background(), time.Now()
+			var v Verdict
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := e.Decide(ctx, r, now, &v); err != nil || v.Outcome != OK {
+					b.Fatalf("%v %v", v.Outcome, err)
+				}
+			}
+		})
 	}
 }
