@@ -159,3 +159,26 @@ func TestValidateSummaryNamesSentinel(t *testing.T) {
 		t.Fatalf("summary lacks %q:\n%s", want, out.String())
 	}
 }
+
+// validate's summary names where a limit read per request comes from,
+// with its default and max.
+func TestSummaryPrintsLimitSource(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+policies:
+  - {name: tenants, key: ["claim:sub"], limit: {claim: rpm, default: 100, max: 1000}, window: 1m}
+  - {name: monthly, key: ["claim:sub"], limit: {metadata: {namespace: envoy.filters.http.lua, key: quota}, default: 1000, max: 100000}, window: 1mo, calendar: true}
+`), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	printSummary(&out, cfg)
+	for _, want := range []string{
+		"from claim:rpm (default 100, max 1000) per 1m0s",
+		"from metadata:envoy.filters.http.lua/quota (default 1000, max 100000) per calendar month (UTC)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, out.String())
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -172,6 +173,9 @@ func printSummary(w io.Writer, cfg *config.Config) {
 			continue
 		}
 		n := p.Limit
+		if p.LimitFrom.From != config.CostConstant {
+			n = p.LimitFrom.Max
+		}
 		for _, plan := range cfg.Plans {
 			if p.UsePlan {
 				n = max(n, plan.Limit)
@@ -277,10 +281,14 @@ func describeLimit(cfg *config.Config, p config.Policy) string {
 		}
 		return from + " (" + strings.Join(names, ", ") + ")"
 	}
-	if p.Calendar {
-		return fmt.Sprintf("%d per calendar %s (%s)", p.Limit, calendarNames[p.Period], p.TimeZone)
+	count, per := strconv.FormatInt(p.Limit, 10), "/"
+	if p.LimitFrom.From != config.CostConstant {
+		count, per = "from "+p.LimitFrom.String(), " per "
 	}
-	s := fmt.Sprintf("%d/%s", p.Limit, p.Window)
+	if p.Calendar {
+		return fmt.Sprintf("%s per calendar %s (%s)", count, calendarNames[p.Period], p.TimeZone)
+	}
+	s := count + per + p.Window.String()
 	if p.Burst != 0 && p.Burst != p.Limit {
 		s += fmt.Sprintf(" burst %d", p.Burst)
 	}

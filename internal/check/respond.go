@@ -46,6 +46,15 @@ func prerender(e *engine.Engine) *prerendered {
 	return p
 }
 
+// policy is l's RateLimit-Policy header: the one rendered for its Index,
+// or for a limit read from the request (Index -1), its own.
+func (p *prerendered) policy(l *engine.Limit) *corev3.HeaderValueOption {
+	if l.Index < 0 {
+		return header("ratelimit-policy", l.Header)
+	}
+	return p.policyOpt[l.Index]
+}
+
 // statusOK is the gRPC status of every allowed Check, shared read-only.
 var statusOK = &status.Status{Code: int32(codes.OK)}
 
@@ -79,7 +88,7 @@ func (p *prerendered) allow(v *engine.Verdict, cfg *config.Config) *authv3.Check
 		d := &t.Decision
 		o.rlValue = corev3.HeaderValue{Key: "ratelimit", Value: engine.RateLimitHeader(t.Policy.Name, d.Remaining, d.ResetAfter)}
 		o.rl = corev3.HeaderValueOption{Header: &o.rlValue, AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
-		ok.ResponseHeadersToAdd = append(o.addBuf[:0], p.policyOpt[t.Limit.Index], &o.rl)
+		ok.ResponseHeadersToAdd = append(o.addBuf[:0], p.policy(&t.Limit), &o.rl)
 		if cfg.Headers.Legacy {
 			ok.ResponseHeadersToAdd = append(ok.ResponseHeadersToAdd, headers(engine.LegacyHeaders(d.Limit, d.Remaining, d.ResetAfter))...)
 		}

@@ -241,7 +241,10 @@ type Policy struct {
 	// filter sets (Kind KeyClaim or KeyHeader), before the API key's
 	// plan; zero: the API key's plan. A name not under plans is
 	// plans.default's.
-	PlanFrom     KeyPart
+	PlanFrom KeyPart
+	// LimitFrom reads the limit from each request (From is CostConstant
+	// when it does not); Limit is then LimitFrom.Default.
+	LimitFrom    LimitSource
 	Limit        int64
 	Window       time.Duration
 	Burst        int64

@@ -271,9 +271,9 @@ func TestCostShapes(t *testing.T) {
 		{"", Cost{Units: 1}},
 		{"cost: 0", Cost{Units: 0}},
 		{"cost: 10", Cost{Units: 10}},
-		{"cost: {header: X-Cost}", Cost{Units: 1, From: CostHeader, Name: "x-cost"}},
-		{"cost: {claim: units, default: 3}", Cost{Units: 3, From: CostClaim, Name: "units"}},
-		{"cost: {metadata: {namespace: envoy.filters.http.lua, key: cost}}", Cost{Units: 1, From: CostMetadata, Name: "cost", Namespace: "envoy.filters.http.lua"}},
+		{"cost: {header: X-Cost}", Cost{Units: 1, RequestValue: RequestValue{From: CostHeader, Name: "x-cost"}}},
+		{"cost: {claim: units, default: 3}", Cost{Units: 3, RequestValue: RequestValue{From: CostClaim, Name: "units"}}},
+		{"cost: {metadata: {namespace: envoy.filters.http.lua, key: cost}}", Cost{Units: 1, RequestValue: RequestValue{From: CostMetadata, Name: "cost", Namespace: "envoy.filters.http.lua"}}},
 	} {
 		c, err := Parse([]byte("policies:\n  - {name: a, limit: 10, window: 1s}\n"), "t")
 		if tc.yaml != "" {
@@ -310,6 +310,52 @@ policies:
 	}
 	if r.Calendar || r.Period != "" || r.Window != 24*time.Hour || r.Algorithm != TokenBucket {
 		t.Fatalf("rolling = %+v", r)
+	}
+}
+
+func TestLimitFromRequestShapes(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want LimitSource
+		str  string
+	}{
+		{"{claim: rpm, default: 100, max: 1000}", LimitSource{RequestValue{CostClaim, "rpm", ""}, 100, 1000}, "claim:rpm (default 100, max 1000)"},
+		{"{header: X-Tenant-Limit, default: 5, max: 5}", LimitSource{RequestValue{CostHeader, "x-tenant-limit", ""}, 5, 5}, "header:x-tenant-limit (default 5, max 5)"},
+		{"{metadata: {namespace: envoy.filters.http.lua, key: rpm}, default: 1, max: 9}", LimitSource{RequestValue{CostMetadata, "rpm", "envoy.filters.http.lua"}, 1, 9}, "metadata:envoy.filters.http.lua/rpm (default 1, max 9)"},
+	} {
+		c, err := Parse([]byte("policies:\n  - name: a\n    key: [\"claim:sub\"]\n    window: 1m\n    limit: "+tc.yaml+"\n"), "t")
+		if err != nil {
+			t.Fatalf("%s: %v", tc.yaml, err)
+		}
+		p := c.Policies[0]
+		if p.LimitFrom != tc.want || p.Limit != tc.want.Default || p.Window != time.Minute || p.UsePlan || p.Algorithm != TokenBucket {
+			t.Fatalf("%s: policy = %+v, want limit from %+v", tc.yaml, p, tc.want)
+		}
+		if got := p.LimitFrom.String(); got != tc.str {
+			t.Fatalf("%s: String() = %q, want %q", tc.yaml, got, tc.str)
+		}
+	}
+	// Every algorithm, calendar windows and a fixed burst take a limit
+	// read per request; a number keeps no source.
+	c, err := Parse([]byte(`
+policies:
+  - {name: log, limit: {claim: n, default: 10, max: 300}, window: 1m, algorithm: sliding_log}
+  - {name: shaped, limit: {claim: n, default: 10, max: 1000}, window: 1s, algorithm: leaky_bucket}
+  - {name: monthly, limit: {claim: n, default: 10, max: 1000}, window: 1mo, calendar: true}
+  - {name: burst, limit: {claim: n, default: 10, max: 1000}, window: 1m, burst: 50, cost: {header: x-cost}}
+  - {name: fixed, limit: 10, window: 1m}
+`), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := c.Policies[2]; !m.Calendar || m.Period != PeriodMonth || m.LimitFrom.Max != 1000 {
+		t.Fatalf("monthly = %+v", m)
+	}
+	if b := c.Policies[3]; b.Burst != 50 || b.LimitFrom.Default != 10 {
+		t.Fatalf("burst = %+v", b)
+	}
+	if f := c.Policies[4]; f.LimitFrom != (LimitSource{}) {
+		t.Fatalf("a number has a source: %+v", f.LimitFrom)
 	}
 }
 

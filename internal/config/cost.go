@@ -9,10 +9,11 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// CostKind is where a request's cost is read from.
+// CostKind is where a number read from each request comes from: a cost,
+// or a limit (LimitSource).
 type CostKind string
 
-// The sources of a cost; "" is a constant.
+// The sources of a number read per request; "" is a constant.
 const (
 	CostConstant CostKind = ""
 	CostHeader   CostKind = "header"
@@ -25,8 +26,16 @@ const (
 // Units as its default. A missing or malformed value costs the default,
 // never nothing.
 type Cost struct {
-	Units int64    // the constant cost, or the default of a value read per request
-	From  CostKind // CostConstant: Units for every request
+	Units int64 // the constant cost, or the default of a value read per request
+	// RequestValue is where the cost is read from; From is CostConstant
+	// for Units on every request.
+	RequestValue
+}
+
+// RequestValue is where a number is read from each request: a header a
+// trusted filter sets, a verified JWT claim, or Envoy dynamic metadata.
+type RequestValue struct {
+	From CostKind
 	// Name is the header (lower case), the claim, or the metadata key.
 	Name string
 	// Namespace is the Envoy filter metadata namespace (CostMetadata only),
@@ -34,15 +43,21 @@ type Cost struct {
 	Namespace string
 }
 
+// String names the value as validate prints it: "header:x-cost",
+// "metadata:envoy.filters.http.lua/cost".
+func (v RequestValue) String() string {
+	if v.From == CostMetadata {
+		return fmt.Sprintf("metadata:%s/%s", v.Namespace, v.Name)
+	}
+	return fmt.Sprintf("%s:%s", v.From, v.Name)
+}
+
 // String describes the cost as validate prints it: "3", "header:x-cost (default 1)".
 func (c Cost) String() string {
-	switch c.From {
-	case CostConstant:
+	if c.From == CostConstant {
 		return strconv.FormatInt(c.Units, 10)
-	case CostMetadata:
-		return fmt.Sprintf("metadata:%s/%s (default %d)", c.Namespace, c.Name, c.Units)
 	}
-	return fmt.Sprintf("%s:%s (default %d)", c.From, c.Name, c.Units)
+	return fmt.Sprintf("%s (default %d)", c.RequestValue, c.Units)
 }
 
 // rawCost is `cost: N` or `cost: {header|claim|metadata: ..., default: N}`.
@@ -104,30 +119,8 @@ func validateCost(r *rawCost, path string, p *Policy, c *Config, errs *Errors) {
 	if r.Constant != nil {
 		p.Cost.Units = *r.Constant
 	} else {
-		sources := 0
-		if r.Header != "" {
-			sources++
-			p.Cost.From, p.Cost.Name = CostHeader, strings.ToLower(r.Header)
-			if !headerName.MatchString(r.Header) {
-				errs.add(path+".header", "%q is not a header name", r.Header)
-			}
-		}
-		if r.Claim != "" {
-			sources++
-			p.Cost.From, p.Cost.Name = CostClaim, r.Claim
-		}
-		if m := r.Metadata; m != nil {
-			sources++
-			p.Cost.From, p.Cost.Name, p.Cost.Namespace = CostMetadata, m.Key, m.Namespace
-			if m.Namespace == "" {
-				errs.add(path+".metadata.namespace", "is required (the filter metadata namespace, such as envoy.filters.http.lua)")
-			}
-			if m.Key == "" {
-				errs.add(path+".metadata.key", "is required")
-			}
-		}
-		if sources != 1 {
-			errs.add(path, "give exactly one of header, claim, metadata (or a constant, cost: N)")
+		var ok bool
+		if p.Cost.RequestValue, ok = requestValue(r.Header, r.Claim, r.Metadata, path, "a constant, cost: N", errs); !ok {
 			return
 		}
 		field = path + ".default"
@@ -144,7 +137,17 @@ func validateCost(r *rawCost, path string, p *Policy, c *Config, errs *Errors) {
 		return
 	}
 	if !p.UsePlan {
-		if most, what := maxCostOf(p.Algorithm, p.Limit, p.Burst); p.Limit > 0 && p.Cost.Units > most {
+		limit, dynamic := p.Limit, p.LimitFrom.From != CostConstant
+		if dynamic {
+			// The most any request's limit may be: a request whose limit
+			// is lower than its cost is denied it at once.
+			limit = p.LimitFrom.Max
+		}
+		most, what := maxCostOf(p.Algorithm, limit, p.Burst)
+		if dynamic && what == "limit" {
+			what = "limit.max"
+		}
+		if limit > 0 && p.Cost.Units > most {
 			errs.add(field, "%d is more than one request may take: the policy's %s is %d", p.Cost.Units, what, most)
 		}
 		return
@@ -158,4 +161,38 @@ func validateCost(r *rawCost, path string, p *Policy, c *Config, errs *Errors) {
 			errs.add(field, "%d is more than one request may take under plans.%s: its %s is %d", p.Cost.Units, name, what, most)
 		}
 	}
+}
+
+// requestValue checks where a number is read from each request, given as
+// exactly one of header, claim and metadata at path; other names the
+// field's other shape in the message, such as "a constant, cost: N".
+func requestValue(header, claim string, m *rawMetadataKey, path, other string, errs *Errors) (RequestValue, bool) {
+	var v RequestValue
+	sources := 0
+	if header != "" {
+		sources++
+		v.From, v.Name = CostHeader, strings.ToLower(header)
+		if !headerName.MatchString(header) {
+			errs.add(path+".header", "%q is not a header name", header)
+		}
+	}
+	if claim != "" {
+		sources++
+		v.From, v.Name = CostClaim, claim
+	}
+	if m != nil {
+		sources++
+		v.From, v.Name, v.Namespace = CostMetadata, m.Key, m.Namespace
+		if m.Namespace == "" {
+			errs.add(path+".metadata.namespace", "is required (the filter metadata namespace, such as envoy.filters.http.lua)")
+		}
+		if m.Key == "" {
+			errs.add(path+".metadata.key", "is required")
+		}
+	}
+	if sources != 1 {
+		errs.add(path, "give exactly one of header, claim, metadata (or %s)", other)
+		return RequestValue{}, false
+	}
+	return v, true
 }

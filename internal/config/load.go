@@ -142,7 +142,7 @@ type rawPolicy struct {
 	Name         string   `yaml:"name"`
 	Match        rawMatch `yaml:"match"`
 	Key          []string `yaml:"key"`
-	Limit        string   `yaml:"limit"`
+	Limit        rawLimit `yaml:"limit"`
 	Window       string   `yaml:"window"`
 	Burst        int64    `yaml:"burst"`
 	Algorithm    string   `yaml:"algorithm"`

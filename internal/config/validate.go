@@ -505,12 +505,14 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 	switch {
 	case r.Unlimited:
 		p.Unlimited = true
-		if r.Limit != "" || r.Window != "" || r.Burst != 0 || r.Algorithm != "" {
+		if r.Limit.Set || r.Window != "" || r.Burst != 0 || r.Algorithm != "" {
 			errs.add(path+".unlimited", "an unlimited policy has no limit, window, burst or algorithm; remove them")
 		}
-	case r.Limit == "":
-		errs.add(path+".limit", "is required (a number, or plan; or unlimited: true)")
-	case r.Limit == "plan":
+	case r.Limit.From != nil:
+		validateLimitFrom(r.Limit.From, r.Window, r.Burst, path, &p, errs)
+	case r.Limit.Value == "":
+		errs.add(path+".limit", "is required (a number, plan, or {claim|header|metadata: ..., default: N, max: M}; or unlimited: true)")
+	case r.Limit.Value == "plan":
 		p.UsePlan = true
 		if r.Window != "" {
 			errs.add(path+".window", "comes from the plan when limit is plan; remove it")
@@ -519,9 +521,9 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 			errs.add(path+".burst", "comes from the plan when limit is plan; set it there")
 		}
 	default:
-		n, err := strconv.ParseInt(r.Limit, 10, 64)
+		n, err := strconv.ParseInt(r.Limit.Value, 10, 64)
 		if err != nil || n < 1 || n > maxLimit {
-			errs.add(path+".limit", "%q must be an integer between 1 and %d, or plan", r.Limit, int64(maxLimit))
+			errs.add(path+".limit", "%q must be an integer between 1 and %d, or plan", r.Limit.Value, int64(maxLimit))
 		}
 		p.Limit = n
 		if r.Window == "" {
@@ -550,6 +552,8 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		switch {
 		case err != nil || (kp.Kind != KeyClaim && kp.Kind != KeyHeader):
 			errs.add(path+".plan_from", "%q must be claim:NAME (a verified JWT claim) or header:NAME (set by a trusted filter)", r.PlanFrom)
+		case p.LimitFrom.From != CostConstant:
+			errs.add(path+".plan_from", "applies to limit: plan only; this policy's limit is read from each request (%s), and takes no plan", p.LimitFrom.RequestValue)
 		case !p.UsePlan:
 			errs.add(path+".plan_from", "applies to limit: plan only")
 		default:
@@ -604,6 +608,10 @@ func validatePolicyLimit(r *rawPolicy, path string, p *Policy, c *Config, errs *
 			plan := c.Plans[name]
 			f.Counts = append(f.Counts, LimitCount{Of: "plans." + name + ".limit", N: plan.Limit, Window: plan.Window})
 		}
+	} else if p.LimitFrom.From != CostConstant {
+		// Any limit from 1 to max: bound what a log may hold by max
+		// (validateLimitFrom checks the burst's refill at 1).
+		f.Counts = []LimitCount{{Of: "limit.max", N: p.LimitFrom.Max, Window: p.Window}}
 	} else {
 		f.Counts = []LimitCount{{N: p.Limit, Window: p.Window}}
 	}

@@ -56,35 +56,46 @@ func (m *Metrics) forCost(policy string) *costReader {
 
 // units returns the cost of request a under p.
 func (e *Engine) units(ctx context.Context, p *Policy, a *Request) int64 {
-	c := &p.Cost
-	if c.From == config.CostConstant {
-		return c.Units
+	if p.Cost.From == config.CostConstant {
+		return p.Cost.Units
 	}
-	var v *structpb.Value
-	switch c.From {
+	n, problem := readNumber(a, &p.Cost.RequestValue)
+	if problem >= 0 {
+		return e.defaultCost(ctx, p, problem)
+	}
+	return n
+}
+
+// readNumber reads a non-negative whole number from request a where v
+// says; problem is -1 when it was read, else why not (costMissing,
+// costMalformed). Costs and limits read per request both go through it,
+// so a value means the same in either.
+func readNumber(a *Request, v *config.RequestValue) (n int64, problem int) {
+	var pv *structpb.Value
+	switch v.From {
 	case config.CostHeader:
-		s, ok := a.Headers[c.Name]
+		s, ok := a.Headers[v.Name]
 		if !ok {
-			return e.defaultCost(ctx, p, costMissing)
+			return 0, costMissing
 		}
 		n, ok := parseUnits(s)
 		if !ok {
-			return e.defaultCost(ctx, p, costMalformed)
+			return 0, costMalformed
 		}
-		return n
+		return n, -1
 	case config.CostClaim:
-		v = a.claimValue(c.Name)
+		pv = a.claimValue(v.Name)
 	case config.CostMetadata:
-		v = a.Metadata[c.Namespace].GetFields()[c.Name]
+		pv = a.Metadata[v.Namespace].GetFields()[v.Name]
 	}
-	if v == nil {
-		return e.defaultCost(ctx, p, costMissing)
+	if pv == nil {
+		return 0, costMissing
 	}
-	n, ok := valueUnits(v)
+	n, ok := valueUnits(pv)
 	if !ok {
-		return e.defaultCost(ctx, p, costMalformed)
+		return 0, costMalformed
 	}
-	return n
+	return n, -1
 }
 
 // defaultCost counts a request whose cost could not be read and returns

@@ -144,8 +144,15 @@ func exampleKey(p *Policy) string {
 
 // limitNamed returns the limit of plan under p ("" when not a plan
 // policy), or of the limit numbered index when plan is "" and index ≥ 0,
-// else plans.default.
+// else plans.default. For a limit read per request, index is the limit
+// the key's last request had (usageAux), else ≤ 0: the default.
 func (p *Policy) limitNamed(plan string, index int32) (Limit, string, error) {
+	if p.limitReader != nil {
+		if index < 1 {
+			return p.fixed, "", nil
+		}
+		return p.limitOfValue(min(int64(index), p.LimitFrom.Max)), "", nil
+	}
 	if !p.UsePlan {
 		return p.fixed, "", nil
 	}

@@ -165,7 +165,7 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 			v.clearTakes()
 			return nil
 		}
-		l := p.limitFor(req, caller)
+		l := e.limitOf(ctx, p, req, caller)
 		units := e.units(ctx, p, req)
 		if units > l.MaxCost() && !p.Shadow {
 			neverFits = true

@@ -68,12 +68,16 @@ type Policy struct {
 	config.Policy
 	Index   int // 0..len(Engine.Policies())-1, for a door's per-policy values
 	limiter quota.Limiter
-	fixed   Limit            // the policy's own limit, unless UsePlan
+	fixed   Limit            // the policy's own limit, unless UsePlan; LimitFrom's default
+	ceiling Limit            // LimitFrom's max; zero when the limit is not read per request
 	plans   map[string]Limit // UsePlan: by plan name; "" holds plans.default
 	prefix  string           // partition key prefix: the escaped name
 	decisionMetrics
-	costReader *costReader        // nil for a constant cost
-	unlimited  prometheus.Counter // decisions of unlimited limits; nil when the policy has none
+	costReader *costReader // nil for a constant cost
+	// limitReader counts limits read per request that were defaulted or
+	// clamped; nil when the limit is not read per request.
+	limitReader *limitReader
+	unlimited   prometheus.Counter // decisions of unlimited limits; nil when the policy has none
 	// unknownPlan counts plan_from names that are not plans; nil
 	// without plan_from.
 	unknownPlan prometheus.Counter
@@ -175,6 +179,10 @@ func Compile(cfg *config.Config, limiters Limiters, m *Metrics, opts ...Option) 
 			}
 		default:
 			p.fixed = e.newLimit(pc, pc.Limit, pc.Window, pc.Burst, cals.of(pc, pc.Period))
+			if pc.LimitFrom.From != config.CostConstant {
+				p.ceiling = e.newLimit(pc, pc.LimitFrom.Max, pc.Window, pc.Burst, cals.of(pc, pc.Period))
+				p.limitReader = m.forLimit(pc.Name)
+			}
 		}
 		e.policies = append(e.policies, p)
 	}
@@ -292,8 +300,13 @@ func (e *Engine) Clients() []*Client { return e.clients }
 // LimitCount is the number of Limits compiled, numbered by Limit.Index.
 func (e *Engine) LimitCount() int { return e.limits }
 
-// Limits returns every limit the policy may apply.
+// Limits returns every limit the policy may apply that has an Index: for
+// a limit read per request, its default's and its max's (those between
+// have Index -1).
 func (p *Policy) Limits() []Limit {
+	if p.limitReader != nil {
+		return []Limit{p.fixed, p.ceiling}
+	}
 	if !p.UsePlan {
 		return []Limit{p.fixed}
 	}

@@ -10,9 +10,9 @@ import (
 // decision of e reads from Request.Headers: the API key header and
 // authorization (bearer keys) when keys are configured, x-forwarded-for
 // when an ip key looks behind trusted hops, and every header a policy keys
-// on (header:NAME). A door that builds Request.Headers itself from a
-// protocol's own header map needs these alone; the slice is shared, read
-// only.
+// on (header:NAME) or reads a cost or a limit from. A door that builds
+// Request.Headers itself from a protocol's own header map needs these
+// alone; the slice is shared, read only.
 func (e *Engine) RequestHeaders() []string { return e.headers }
 
 // requestHeaders lists what identify and keyValue read, for
@@ -48,6 +48,9 @@ func requestHeaders(cfg *config.Config, keyHeader string, keys int) []string {
 		keyPart(p.PlanFrom)
 		if p.Cost.From == config.CostHeader {
 			add(p.Cost.Name)
+		}
+		if p.LimitFrom.From == config.CostHeader {
+			add(p.LimitFrom.Name)
 		}
 		for m := &p.Match; m != nil; m = m.Not {
 			for _, h := range m.Headers {

@@ -27,6 +27,12 @@ type Metrics struct {
 	// CostDefaulted counts requests charged a policy's default cost because
 	// the cost they carried was missing or malformed, by policy and reason.
 	CostDefaulted *prometheus.CounterVec
+	// LimitDefaulted counts requests given a policy's default limit because
+	// the limit they carried was missing or malformed, by policy and
+	// reason; LimitClamped those whose limit was above the policy's max
+	// (they get max), by policy.
+	LimitDefaulted *prometheus.CounterVec
+	LimitClamped   *prometheus.CounterVec
 	// UnknownPlans counts requests whose plan_from named no plan (they get
 	// plans.default), by policy.
 	UnknownPlans *prometheus.CounterVec
@@ -64,13 +70,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: ns, Name: "cost_defaulted_total",
 			Help: "Requests charged a policy's default cost because the cost they carried was missing or malformed, by policy and reason (missing, malformed).",
 		}, []string{"policy", "reason"}),
+		LimitDefaulted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "limit_defaulted_total",
+			Help: "Requests given a policy's default limit because the limit they carried was missing or malformed, by policy and reason (missing, malformed).",
+		}, []string{"policy", "reason"}),
+		LimitClamped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "limit_clamped_total",
+			Help: "Requests whose limit was above the policy's max (they get max), by policy.",
+		}, []string{"policy"}),
 		UnknownPlans: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "unknown_plans_total",
 			Help: "Requests whose plan_from named no plan under plans (they get plans.default), by policy.",
 		}, []string{"policy"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Decisions, m.Degraded, m.Checks, m.CheckDuration, m.ConfigPolicies, m.CostDefaulted, m.UnknownPlans)
+		reg.MustRegister(m.Decisions, m.Degraded, m.Checks, m.CheckDuration, m.ConfigPolicies, m.CostDefaulted, m.LimitDefaulted, m.LimitClamped, m.UnknownPlans)
 	}
 	return m
 }

@@ -36,7 +36,7 @@ func TakeAll(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (
 	for i := range takes {
 		t := &takes[i]
 		if t.Policy.top != nil { // the counters API's top keys (Check's policies)
-			t.Policy.top.Observe(t.Key, ns, int32(t.Limit.Index))
+			t.Policy.top.Observe(t.Key, ns, t.Policy.usageAux(&t.Limit))
 		}
 		if t.Limit.Unlimited {
 			t.Decision, t.OK = quota.Decision{Allowed: true}, true

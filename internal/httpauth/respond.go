@@ -57,7 +57,11 @@ func allow(w http.ResponseWriter, conv convention, v *engine.Verdict, c *compile
 	h := w.Header()
 	if t := v.Tightest(); t != nil {
 		d := &t.Decision
-		h[hRateLimitPolicy] = c.policyVals[t.Limit.Index]
+		if t.Limit.Index < 0 { // a limit read from the request
+			h[hRateLimitPolicy] = []string{t.Limit.Header}
+		} else {
+			h[hRateLimitPolicy] = c.policyVals[t.Limit.Index]
+		}
 		h[hRateLimit] = []string{engine.RateLimitHeader(t.Policy.Name, d.Remaining, d.ResetAfter)}
 		if cfg.Headers.Legacy {
 			for _, kv := range engine.LegacyHeaders(d.Limit, d.Remaining, d.ResetAfter) {

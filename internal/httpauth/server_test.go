@@ -476,3 +476,31 @@ type discardWriter struct {
 func (w *discardWriter) Header() http.Header         { return w.h }
 func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (w *discardWriter) WriteHeader(status int)      { w.status = status }
+
+// A limit read from the request (a header a trusted gateway sets, here)
+// is the one the RateLimit headers advertise, allowed or denied, whether
+// it is the default, max or one between them.
+func TestLimitFromRequestHeaders(t *testing.T) {
+	f := newFixture(t, `
+policies:
+  - {name: tenants, key: ["header:x-tenant"], limit: {header: x-tenant-limit, default: 2, max: 10}, window: 1m}
+`)
+	for _, tc := range []struct{ tenant, limit, q string }{
+		{"a", "5", "5"}, {"b", "", "2"}, {"c", "99", "10"},
+	} {
+		h := []string{"X-Tenant", tc.tenant}
+		if tc.limit != "" {
+			h = append(h, "X-Tenant-Limit", tc.limit)
+		}
+		resp := f.nginx("GET", "/", h...)
+		if resp.StatusCode != 200 || resp.Header.Get("RateLimit-Policy") != `"tenants";q=`+tc.q+`;w=60` {
+			t.Fatalf("tenant %s: %d %v, want 200 with q=%s", tc.tenant, resp.StatusCode, resp.Header, tc.q)
+		}
+	}
+	for i := 0; i < 4; i++ {
+		f.nginx("GET", "/", "X-Tenant", "a", "X-Tenant-Limit", "5")
+	}
+	if resp := f.nginx("GET", "/", "X-Tenant", "a", "X-Tenant-Limit", "5"); resp.StatusCode != 429 || resp.Header.Get("RateLimit-Policy") != `"tenants";q=5;w=60` {
+		t.Fatalf("sixth request of tenant a: %d %v, want 429 with q=5", resp.StatusCode, resp.Header)
+	}
+}

@@ -9,7 +9,8 @@ import "time"
 // the limit: one timestamp per admitted request per key.
 //
 //   - local: 8 bytes per entry in a ring that grows as needed and never
-//     beyond limit entries (a key at limit 1,000 holds at most 8 KB);
+//     beyond limit entries (a key at limit 1,000 holds at most 8 KB; the
+//     largest limit of the last window, when the limit changes);
 //   - redis: one sorted-set member per entry (score = the instant in µs,
 //     member = a unique id of about 20 bytes), measured by
 //     TestSlidingLogMemory at about 40 bytes per entry while Redis keeps
@@ -74,11 +75,11 @@ func slidingLogTake(g *timeLog, now int64, l Limit, n int64) Decision {
 	for g.n > 0 && g.at(0) <= now-w {
 		g.dropOldest()
 	}
-	// After a reload lowered the limit, the newest entries decide: the
-	// oldest of the last `limit` is the one that must leave first.
-	for int64(g.n) > l.Limit {
-		g.dropOldest()
-	}
+	// A lowered limit (a reload, or a limit read from each request) keeps
+	// every entry: the oldest of the newest `limit` is the one that must
+	// leave first (k below), as if the others were gone, and a limit
+	// raised again still counts them, as Redis's log does. The ring thus
+	// holds at most the largest limit the window saw.
 	spend := max(n, 1)
 	if int64(g.n)+spend <= l.Limit {
 		for i := int64(0); i < n; i++ {
@@ -97,7 +98,8 @@ func slidingLogTake(g *timeLog, now int64, l Limit, n int64) Decision {
 		d.RetryAfter = d.ResetAfter // never fits; say when the log is empty
 		return d
 	}
-	// The oldest k entries must leave for the n units to fit.
+	// The oldest k entries must leave for the n units to fit (more than
+	// spend when the log holds more than a lowered limit).
 	k := int64(g.n) + spend - l.Limit
 	d.RetryAfter = time.Duration(g.at(int(k-1)) + w - now)
 	return d

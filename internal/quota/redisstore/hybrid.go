@@ -214,8 +214,8 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 	e.lastUsed = ns
 	asked := false // this request has had Redis's answer
 	for {
-		h.endLeaseLocked(key, e, l, now)
-		if e.tokens >= need {
+		resized := h.endLeaseLocked(key, e, l, now)
+		if e.tokens >= need && !resized {
 			e.tokens -= n
 			d := h.allowLocked(e, l, ns)
 			sh.Unlock()
@@ -318,6 +318,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 				return d, nil
 			}
 			e.deniedUntil = ns + int64(max(ls.wait, time.Microsecond))
+			e.capacity = capacityOf(l) // the denial's, for endLeaseLocked
 			continue
 		}
 		// The request in hand spends n of the grant at once (the loop goes
@@ -356,19 +357,30 @@ func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, nee
 }
 
 // endLeaseLocked drops e's lease when it has ended, or when it was taken
-// under another algorithm (a reload), handing the latter back.
-func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time.Time) {
+// under another algorithm (a reload), handing the latter back. It reports
+// whether the lease was taken under another capacity (a reload, or a
+// limit read from each request that changed): the lease must then not be
+// spent (one sized from a larger bucket would admit past a smaller one)
+// but retired, unspent tokens and all, by the next lease call. A denial
+// cached under another capacity is dropped, so a key whose limit was
+// raised asks Redis again at once.
+func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time.Time) (resized bool) {
+	resized = e.capacity != capacityOf(l)
+	if resized {
+		e.deniedUntil = 0
+	}
 	if e.granted == 0 {
-		return
+		return false
 	}
 	if e.algorithm != l.Algorithm {
 		h.enqueue(heldBack(key, e, "reload"))
 		e.tokens, e.granted, e.leaseID = 0, 0, 0
-		return
+		return false
 	}
 	if !now.Before(e.until) {
 		h.expireLocked(e)
 	}
+	return resized
 }
 
 // expireLocked drops an ended lease: a bucket's unspent tokens stop
