@@ -400,7 +400,9 @@ func TestChartCatchesMistakes(t *testing.T) {
 // wrote the redis section the loader reads as Sentinel: the real loader
 // (extauthz validate) names the master and the sentinels the values give,
 // the file names no redis.addrs, and each password_env it names is the
-// container's variable from the Secret key the values name.
+// container's variable from the Secret key the values name. What else
+// follows from having a Redis follows from Sentinel too: the Redis alert,
+// and install notes that do not call the release local-only.
 func TestChartSentinel(t *testing.T) {
 	c := chartCase{name: "sentinel", values: readFile(t, repoPath(t, chartDir+"/ci/sentinel-values.yaml")),
 		fixtures: []string{"k8s/redis", "tests/deploy/testdata/helm/sentinel.yaml"}}
@@ -423,6 +425,17 @@ func TestChartSentinel(t *testing.T) {
 	}
 	if len(sentinels) == 0 {
 		t.Fatal("ci/sentinel-values.yaml names no sentinels")
+	}
+
+	out, err := renderChart(t, c.values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if notes := out[releaseName+"/templates/NOTES.txt"]; strings.Contains(notes, "local mode") {
+		t.Errorf("the install notes say local mode only with Sentinel:\n%s", notes)
+	}
+	if rules := out[releaseName+"/templates/prometheusrule.yaml"]; !strings.Contains(rules, "alert: ExtauthzRedisDown") {
+		t.Errorf("no ExtauthzRedisDown alert with Sentinel (monitoring.prometheusRule on):\n%s", rules)
 	}
 
 	var p problems

@@ -59,6 +59,12 @@ fields set, so a half-filled section is refused rather than ignored. */}}
 {{- if or $s.masterName $s.addrs -}}true{{- end -}}
 {{- end -}}
 
+{{/* "true" when the chart's values name a Redis, by addrs or through
+Sentinel. */}}
+{{- define "extauthz.redis" -}}
+{{- if or .Values.redis.addrs (include "extauthz.sentinel" .) -}}true{{- end -}}
+{{- end -}}
+
 {{/* Refuses redis values the sidecar would refuse at start-up, or that
 would silently mean something else, with the values' own names. */}}
 {{- define "extauthz.checkRedis" -}}
@@ -85,7 +91,7 @@ listen, redis and fallback.min_peers added where settings leaves them out. */}}
 {{- $cfg := deepCopy .Values.config.settings -}}
 {{- $_ := set $cfg "listen" (dict "grpc" (include "extauthz.grpcListen" .) "admin" (printf "0.0.0.0:%d" (.Values.service.adminPort | int))) -}}
 {{- $sentinel := include "extauthz.sentinel" . -}}
-{{- if and (or .Values.redis.addrs $sentinel) (not (hasKey $cfg "redis")) -}}
+{{- if and (include "extauthz.redis" .) (not (hasKey $cfg "redis")) -}}
 {{- $redis := dict -}}
 {{- if $sentinel -}}
 {{- $s := include "extauthz.sentinelValues" . | fromYaml -}}
@@ -155,7 +161,7 @@ with restartPolicy: Always, a native sidecar, in the sidecar layout). */}}
       valueFrom:
         fieldRef: {fieldPath: metadata.name}
     {{- $sentinel := include "extauthz.sentinel" . }}
-    {{- if and (or .Values.redis.addrs $sentinel) .Values.redis.existingSecret }}
+    {{- if and (include "extauthz.redis" .) .Values.redis.existingSecret }}
     - name: {{ .Values.redis.passwordEnv }}
       valueFrom:
         secretKeyRef: {name: {{ .Values.redis.existingSecret }}, key: {{ .Values.redis.existingSecretKey }}}
