@@ -367,6 +367,15 @@ func TestChartCatchesMistakes(t *testing.T) {
 		{"latest image", "image: {tag: latest}\n", "pin a version"},
 		{"misspelt value", "replica: 3\n", "additional properties 'replica' not allowed"},
 		{"unknown log level", "logLevel: verbose\n", "at '/logLevel'"},
+		// The default redis.addrs stays unless emptied: Sentinel beside it
+		// is refused, not quietly preferred.
+		{"Redis addrs and Sentinel both", "redis: {sentinel: {masterName: rl, addrs: [\"redis-sentinel:26379\"]}}\n", "redis.addrs [redis:6379] and redis.sentinel: give one, not both"},
+		{"Sentinel without a master name", "redis: {addrs: [], sentinel: {addrs: [\"redis-sentinel:26379\"]}}\n", "redis.sentinel.masterName: required"},
+		{"Sentinel without sentinels", "redis: {addrs: [], sentinel: {masterName: rl}}\n", "redis.sentinel.addrs: required"},
+		{"one variable for both passwords", "redis: {addrs: [], sentinel: {masterName: rl, addrs: [\"redis-sentinel:26379\"], existingSecret: extauthz-redis, passwordEnv: REDIS_PASSWORD}}\n", "redis.sentinel.passwordEnv and redis.passwordEnv are both REDIS_PASSWORD"},
+		{"misspelt Sentinel value", "redis: {addrs: [], sentinel: {master: rl}}\n", "additional properties 'master' not allowed"},
+		{"addrs and Sentinel in settings", "config: {settings: {redis: {addrs: [\"redis:6379\"], sentinel: {master_name: rl, addrs: [\"redis-sentinel:26379\"]}}}}\n", "redis.sentinel: excludes redis.addrs"},
+		{"Sentinel password from no Secret", "config: {settings: {redis: {sentinel: {master_name: rl, addrs: [\"redis-sentinel:26379\"], password_env: SENTINEL_PASSWORD}}}}\n", "redis.sentinel.password_env is SENTINEL_PASSWORD, which must come from a Secret"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var p problems
@@ -384,6 +393,113 @@ func TestChartCatchesMistakes(t *testing.T) {
 				t.Errorf("no problem mentions %q; got %q", tc.want, p.list)
 			}
 		})
+	}
+}
+
+// TestChartSentinel renders ci/sentinel-values.yaml and checks the chart
+// wrote the redis section the loader reads as Sentinel: the real loader
+// (extauthz validate) names the master and the sentinels the values give,
+// the file names no redis.addrs, and each password_env it names is the
+// container's variable from the Secret key the values name. What else
+// follows from having a Redis follows from Sentinel too: the Redis alert,
+// and install notes that do not call the release local-only.
+func TestChartSentinel(t *testing.T) {
+	c := chartCase{name: "sentinel", values: readFile(t, repoPath(t, chartDir+"/ci/sentinel-values.yaml")),
+		fixtures: []string{"k8s/redis", "tests/deploy/testdata/helm/sentinel.yaml"}}
+	vals := chartValues(t, c)
+	str := func(path string) string {
+		t.Helper()
+		v, err := vals.PathValue(path)
+		if err != nil {
+			t.Fatalf("values %s: %v", path, err)
+		}
+		return fmt.Sprint(v)
+	}
+	rawAddrs, err := vals.PathValue("redis.sentinel.addrs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sentinels []string
+	for _, a := range rawAddrs.([]any) {
+		sentinels = append(sentinels, fmt.Sprint(a))
+	}
+	if len(sentinels) == 0 {
+		t.Fatal("ci/sentinel-values.yaml names no sentinels")
+	}
+
+	out, err := renderChart(t, c.values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if notes := out[releaseName+"/templates/NOTES.txt"]; strings.Contains(notes, "local mode") {
+		t.Errorf("the install notes say local mode only with Sentinel:\n%s", notes)
+	}
+	if rules := out[releaseName+"/templates/prometheusrule.yaml"]; !strings.Contains(rules, "alert: ExtauthzRedisDown") {
+		t.Errorf("no ExtauthzRedisDown alert with Sentinel (monitoring.prometheusRule on):\n%s", rules)
+	}
+
+	var p problems
+	s := chartSet(t, &p, c)
+	p.report(t)
+	text, ok := s.configMapKey(releaseName+"-config", "extauthz.yaml")
+	if !ok {
+		t.Fatalf("no ConfigMap %s-config with extauthz.yaml", releaseName)
+	}
+	summary, err := extauthzValidateSummary("chart sentinel", []byte(text), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("redis master %q from sentinels %s,", str("redis.sentinel.masterName"), strings.Join(sentinels, ",")); !strings.Contains(summary, want) {
+		t.Errorf("extauthz validate does not say %q:\n%s", want, summary)
+	}
+	sc, err := parseSidecarConfig([]byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Redis == nil || sc.Redis.Sentinel == nil {
+		t.Fatalf("the chart wrote no redis.sentinel:\n%s", text)
+	}
+	if len(sc.Redis.Addrs) != 0 {
+		t.Errorf("redis.addrs is %v beside redis.sentinel", sc.Redis.Addrs)
+	}
+
+	var env map[string]corev1.EnvVar
+	for _, o := range s.deployments() {
+		if o.meta.Name != releaseName {
+			continue
+		}
+		for _, ctr := range o.k8s.(*appsv1.Deployment).Spec.Template.Spec.Containers {
+			if ctr.Name == "extauthz" {
+				env = map[string]corev1.EnvVar{}
+				for _, e := range ctr.Env {
+					env[e.Name] = e
+				}
+			}
+		}
+	}
+	if env == nil {
+		t.Fatal("no extauthz container in the Deployment")
+	}
+	for _, w := range []struct{ field, got, values string }{
+		{"redis.password_env", sc.Redis.PasswordEnv, "redis"},
+		{"redis.sentinel.password_env", sc.Redis.Sentinel.PasswordEnv, "redis.sentinel"},
+	} {
+		if want := str(w.values + ".passwordEnv"); w.got != want {
+			t.Errorf("%s is %q, want %s.passwordEnv %q", w.field, w.got, w.values, want)
+			continue
+		}
+		e, ok := env[w.got]
+		if !ok || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+			t.Errorf("%s names %s, which the container does not take from a Secret: %+v", w.field, w.got, e)
+			continue
+		}
+		ref := e.ValueFrom.SecretKeyRef
+		if want := str(w.values + ".existingSecret"); ref.Name != want {
+			t.Errorf("env %s is from Secret %s, want %s.existingSecret %s", w.got, ref.Name, w.values, want)
+		}
+		if want := str(w.values + ".existingSecretKey"); ref.Key != want {
+			t.Errorf("env %s is from key %s, want %s.existingSecretKey %s", w.got, ref.Key, w.values, want)
+		}
 	}
 }
 

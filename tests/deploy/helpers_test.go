@@ -163,34 +163,42 @@ func validateSidecarConfig(t testing.TB, name string, data []byte, siblings map[
 // it). name is where it came from, for messages. A warning (a plaintext
 // key, say) is an error too: shipped configs must be clean.
 func extauthzValidate(name string, data []byte, siblings map[string][]byte) error {
+	_, err := extauthzValidateSummary(name, data, siblings)
+	return err
+}
+
+// extauthzValidateSummary is extauthzValidate, returning what validate
+// printed of the loaded configuration (the store it counts in, the
+// policies), for checks of what the loader made of a file.
+func extauthzValidateSummary(name string, data []byte, siblings map[string][]byte) (string, error) {
 	bin, err := buildExtauthz()
 	if err != nil {
-		return err
+		return "", err
 	}
 	dir, err := os.MkdirTemp("", "extauthz-validate-")
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer os.RemoveAll(dir)
 	for n, content := range siblings {
 		if err := os.WriteFile(filepath.Join(dir, filepath.Base(n)), content, 0o600); err != nil {
-			return err
+			return "", err
 		}
 	}
 	file := filepath.Join(dir, "extauthz-validated-"+strings.NewReplacer("/", "_", ":", "_", " ", "_").Replace(name))
 	if err := os.WriteFile(file, data, 0o600); err != nil {
-		return err
+		return "", err
 	}
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command(bin, "validate", "-config", file)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s: extauthz validate: %v\n%s%s", name, err, stderr.String(), stdout.String())
+		return "", fmt.Errorf("%s: extauthz validate: %v\n%s%s", name, err, stderr.String(), stdout.String())
 	}
 	if strings.Contains(stderr.String(), "warning") {
-		return fmt.Errorf("%s: extauthz validate warns:\n%s", name, stderr.String())
+		return "", fmt.Errorf("%s: extauthz validate warns:\n%s", name, stderr.String())
 	}
-	return nil
+	return stdout.String(), nil
 }
 
 // problems collects what a check found, so that the same check can fail a

@@ -393,6 +393,11 @@ func checkExtauthzContainer(p *problems, s *set, d *object, volumes map[string]*
 			p.add("%s: redis.password_env is %s, which must come from a Secret (secretKeyRef)", name, sc.Redis.PasswordEnv)
 		}
 	}
+	if sc.Redis != nil && sc.Redis.Sentinel != nil && sc.Redis.Sentinel.PasswordEnv != "" {
+		if e := env[sc.Redis.Sentinel.PasswordEnv]; e == nil || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+			p.add("%s: redis.sentinel.password_env is %s, which must come from a Secret (secretKeyRef)", name, sc.Redis.Sentinel.PasswordEnv)
+		}
+	}
 	for _, e := range c.Env {
 		if e.Value != "" && strings.Contains(strings.ToUpper(e.Name), "PASSWORD") {
 			p.add("%s: env %s has a literal value: use a Secret", name, e.Name)

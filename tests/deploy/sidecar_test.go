@@ -21,9 +21,14 @@ type sidecarConfig struct {
 		Admin string `json:"admin"`
 	} `json:"listen"`
 	Redis *struct {
-		Addrs       []string `json:"addrs"`
-		PasswordEnv string   `json:"password_env"`
-		Timeout     string   `json:"timeout"`
+		Addrs    []string `json:"addrs"`
+		Sentinel *struct {
+			MasterName  string   `json:"master_name"`
+			Addrs       []string `json:"addrs"`
+			PasswordEnv string   `json:"password_env"`
+		} `json:"sentinel"`
+		PasswordEnv string `json:"password_env"`
+		Timeout     string `json:"timeout"`
 	} `json:"redis"`
 	DefaultMode   string `json:"default_mode"`
 	IPTrustedHops int    `json:"ip_trusted_hops"`

@@ -46,13 +46,61 @@ before hearing its peers takes its share, not the whole limit. */}}
 {{- end -}}
 {{- end -}}
 
+{{/* redis.sentinel, with every key present: a user may null the section
+or leave keys out. */}}
+{{- define "extauthz.sentinelValues" -}}
+{{- toYaml (merge (deepCopy (.Values.redis.sentinel | default dict)) (dict "masterName" "" "addrs" list "existingSecret" "" "existingSecretKey" "password" "passwordEnv" "SENTINEL_PASSWORD")) -}}
+{{- end -}}
+
+{{/* "true" when the values ask for Sentinel: either of its two required
+fields set, so a half-filled section is refused rather than ignored. */}}
+{{- define "extauthz.sentinel" -}}
+{{- $s := include "extauthz.sentinelValues" . | fromYaml -}}
+{{- if or $s.masterName $s.addrs -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart's values name a Redis, by addrs or through
+Sentinel. */}}
+{{- define "extauthz.redis" -}}
+{{- if or .Values.redis.addrs (include "extauthz.sentinel" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Refuses redis values the sidecar would refuse at start-up, or that
+would silently mean something else, with the values' own names. */}}
+{{- define "extauthz.checkRedis" -}}
+{{- if include "extauthz.sentinel" . -}}
+{{- $s := include "extauthz.sentinelValues" . | fromYaml -}}
+{{- if .Values.redis.addrs -}}
+{{- fail (printf "redis.addrs %v and redis.sentinel: give one, not both. With Sentinel the sentinels name the master: set redis.addrs to [] and list the sentinels in redis.sentinel.addrs" .Values.redis.addrs) -}}
+{{- end -}}
+{{- if not $s.masterName -}}
+{{- fail "redis.sentinel.masterName: required with redis.sentinel.addrs, the name the sentinels monitor the master by (`sentinel monitor <name> ...`)" -}}
+{{- end -}}
+{{- if not $s.addrs -}}
+{{- fail "redis.sentinel.addrs: required with redis.sentinel.masterName, every sentinel's host:port" -}}
+{{- end -}}
+{{- if and $s.existingSecret .Values.redis.existingSecret (eq $s.passwordEnv .Values.redis.passwordEnv) -}}
+{{- fail (printf "redis.sentinel.passwordEnv and redis.passwordEnv are both %s: the sentinels' password needs a variable of its own" $s.passwordEnv) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The extauthz configuration the chart writes: config.settings with
 listen, redis and fallback.min_peers added where settings leaves them out. */}}
 {{- define "extauthz.config" -}}
 {{- $cfg := deepCopy .Values.config.settings -}}
 {{- $_ := set $cfg "listen" (dict "grpc" (include "extauthz.grpcListen" .) "admin" (printf "0.0.0.0:%d" (.Values.service.adminPort | int))) -}}
-{{- if and .Values.redis.addrs (not (hasKey $cfg "redis")) -}}
-{{- $redis := dict "addrs" .Values.redis.addrs -}}
+{{- $sentinel := include "extauthz.sentinel" . -}}
+{{- if and (include "extauthz.redis" .) (not (hasKey $cfg "redis")) -}}
+{{- $redis := dict -}}
+{{- if $sentinel -}}
+{{- $s := include "extauthz.sentinelValues" . | fromYaml -}}
+{{- $rs := dict "master_name" $s.masterName "addrs" $s.addrs -}}
+{{- if $s.existingSecret -}}{{- $_ := set $rs "password_env" $s.passwordEnv -}}{{- end -}}
+{{- $_ := set $redis "sentinel" $rs -}}
+{{- else -}}
+{{- $_ := set $redis "addrs" .Values.redis.addrs -}}
+{{- end -}}
 {{- if .Values.redis.existingSecret -}}{{- $_ := set $redis "password_env" .Values.redis.passwordEnv -}}{{- end -}}
 {{- if .Values.redis.tls -}}{{- $_ := set $redis "tls" true -}}{{- end -}}
 {{- $_ := set $cfg "redis" $redis -}}
@@ -112,10 +160,17 @@ with restartPolicy: Always, a native sidecar, in the sidecar layout). */}}
     - name: EXTAUTHZ_REPLICA_ID
       valueFrom:
         fieldRef: {fieldPath: metadata.name}
-    {{- if and .Values.redis.addrs .Values.redis.existingSecret }}
+    {{- $sentinel := include "extauthz.sentinel" . }}
+    {{- if and (include "extauthz.redis" .) .Values.redis.existingSecret }}
     - name: {{ .Values.redis.passwordEnv }}
       valueFrom:
         secretKeyRef: {name: {{ .Values.redis.existingSecret }}, key: {{ .Values.redis.existingSecretKey }}}
+    {{- end }}
+    {{- $s := include "extauthz.sentinelValues" . | fromYaml }}
+    {{- if and $sentinel $s.existingSecret }}
+    - name: {{ $s.passwordEnv }}
+      valueFrom:
+        secretKeyRef: {name: {{ $s.existingSecret }}, key: {{ $s.existingSecretKey }}}
     {{- end }}
     # The Go runtime sized to the container, not the node.
     - name: GOMAXPROCS
