@@ -87,7 +87,10 @@ func printRLSSummary(w io.Writer, rc *rlsconfig.Config) {
 				entry = prefix + entry
 				if l := d.Limit; l != nil {
 					limit, alg, mode := "unlimited", "-", "-"
-					if !l.Unlimited {
+					switch {
+					case l.Policy != "":
+						limit, alg, mode = "policy "+l.Policy, string(l.Algorithm), string(l.Mode)
+					case !l.Unlimited:
 						limit, alg, mode = fmt.Sprintf("%d/%s", l.RequestsPerUnit, l.Unit), string(l.Algorithm), string(l.Mode)
 					}
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n, entry, limit, alg, mode, rlsFlags(d))
@@ -113,6 +116,9 @@ func rlsFlags(d *rlsconfig.Descriptor) string {
 	}
 	if d.ShareThreshold {
 		f = append(f, "shared")
+	}
+	if d.Limit.Charge == config.ChargeAlways {
+		f = append(f, "charge=always")
 	}
 	if !d.Limit.Unlimited && d.Limit.Mode != config.ModeLocal {
 		f = append(f, "on_redis_error="+string(d.Limit.OnRedisError))
@@ -290,6 +296,9 @@ func describeFlags(p config.Policy) string {
 	}
 	if p.OnMissingKey == config.MissingReject {
 		f = append(f, "missing key=401")
+	}
+	if p.Charge == config.ChargeAlways {
+		f = append(f, "charge=always")
 	}
 	if p.Cost != (config.Cost{Units: 1}) {
 		f = append(f, "cost="+p.Cost.String())

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
@@ -75,6 +76,9 @@ type rule struct {
 	shared  bool
 	policy  *engine.Policy // nil when unlimited
 	current *rlsv3.RateLimitResponse_RateLimit
+	// keyed: the rate limit counts in a policy's bucket (rate_limit.policy),
+	// its key the policy's with the request's entries as the key parts.
+	keyed bool
 }
 
 // maxNames bounds the metric names the process makes from request values,
@@ -182,6 +186,9 @@ func (c *compiled) rule(d *rlsconfig.Descriptor, stat string, dom *rlsconfig.Dom
 	if l.Unlimited {
 		return r, nil
 	}
+	if l.Policy != "" {
+		return c.sharedRule(r, l, d, stat, dom)
+	}
 	r.current = &rlsv3.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: uint32(l.RequestsPerUnit), Unit: units[l.Unit]}
 	p, err := c.policy(config.Policy{
 		Name:         stat,
@@ -200,6 +207,45 @@ func (c *compiled) rule(d *rlsconfig.Descriptor, stat string, dom *rlsconfig.Dom
 	}
 	r.policy = p
 	return r, nil
+}
+
+// sharedRule compiles a rate limit that counts in the bucket of the main
+// configuration's policy l.Policy (rlsconfig checked that it may): the
+// policy compiled for this door with the limiters Check's decide with,
+// so both doors reach one count under one key; its decisions count under
+// the descriptor's metric name.
+func (c *compiled) sharedRule(r *rule, l *rlsconfig.RateLimit, d *rlsconfig.Descriptor, stat string, dom *rlsconfig.Domain) (*rule, error) {
+	var pc *config.Policy
+	for i := range c.cfg.Policies {
+		if c.cfg.Policies[i].Name == l.Policy {
+			pc = &c.cfg.Policies[i]
+		}
+	}
+	if pc == nil {
+		return nil, fmt.Errorf("%s: %s.rate_limit.policy: %q is not a policy of the main configuration", dom.File, d.Path, l.Policy)
+	}
+	shared := *pc
+	shared.Shadow = pc.Shadow || d.Shadow
+	p, err := engine.NewPolicy(shared, c.limiters, c.metrics)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s.rate_limit: %w", dom.File, d.Path, err)
+	}
+	unit, perUnit := statusUnit(pc.Window, pc.Limit)
+	r.current = &rlsv3.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: perUnit, Unit: unit}
+	r.policy, r.keyed = p.CountedAs(stat, c.metrics), true
+	return r, nil
+}
+
+// statusUnit describes a policy's limit in the protocol's terms, which
+// know only whole units: its window when it is one, else the limit
+// spread over seconds (rounded down, at least 1).
+func statusUnit(window time.Duration, n int64) (rlsv3.RateLimitResponse_RateLimit_Unit, uint32) {
+	for name, w := range rlsconfig.Units {
+		if w == window {
+			return units[name], uint32(min(n, rlsconfig.MaxRequestsPerUnit))
+		}
+	}
+	return rlsv3.RateLimitResponse_RateLimit_SECOND, uint32(max(min(int64(float64(n)/window.Seconds()), rlsconfig.MaxRequestsPerUnit), 1))
 }
 
 // policy compiles a rate limit; one of 0 requests per unit puts every

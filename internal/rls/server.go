@@ -264,7 +264,13 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 		if !r.shared {
 			matched = nil // the key holds the request's values as they are
 		}
-		a.add(r, r.current, engine.Taken{Policy: p, Key: partition(dom.name, entries, matched), Limit: p.FixedLimit(), Units: hits(req, d)})
+		key := ""
+		if r.keyed {
+			key = sharedPartition(p, entries)
+		} else {
+			key = partition(dom.name, entries, matched)
+		}
+		a.add(r, r.current, engine.Taken{Policy: p, Key: key, Limit: p.FixedLimit(), Units: hits(req, d)})
 	}
 	if replaced != nil {
 		a.drop(replaced)

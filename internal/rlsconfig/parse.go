@@ -2,6 +2,7 @@ package rlsconfig
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/extauthz/extauthz/internal/config"
@@ -40,6 +41,8 @@ type rawRateLimit struct {
 	Burst        int64  `yaml:"burst"`
 	Queue        *int64 `yaml:"queue"`
 	MaxDelay     string `yaml:"max_delay"`
+	Charge       string `yaml:"charge"`
+	Policy       string `yaml:"policy"`
 }
 
 type rawReplace struct {
@@ -52,7 +55,10 @@ func parse(data []byte, name string, o Options) (*Domain, []string, error) {
 	if err := errs.Err(); err != nil {
 		return nil, nil, err
 	}
-	v := &validator{file: name, place: limitPlace(o), errs: errs}
+	v := &validator{file: name, place: limitPlace(o), errs: errs, policies: o.Policies}
+	if o.Source != "" {
+		v.source = " (" + o.Source + ")"
+	}
 	d := &Domain{Name: raw.Domain, File: name}
 	if raw.Domain == "" {
 		errs.Add("domain", "is required: the domain Envoy's rate limit filter names")
@@ -97,6 +103,8 @@ type validator struct {
 	place    config.LimitPlace
 	errs     *config.Errors
 	warnings []string
+	policies map[string]*config.Policy
+	source   string // " (main.yaml)" for messages, or ""
 }
 
 func (v *validator) warn(path, format string, args ...any) {
@@ -139,7 +147,7 @@ func (v *validator) descriptors(raws []rawDescriptor, parent string, depth int) 
 			v.errs.Add(path+".share_threshold", "applies to wildcard values (with a *), not %q", r.Value)
 		}
 		if r.RateLimit != nil {
-			d.Limit = v.rateLimit(r.RateLimit, path+".rate_limit")
+			d.Limit = v.rateLimit(r.RateLimit, path+".rate_limit", depth)
 		}
 		if r.ShadowMode && d.Limit == nil {
 			v.warn(path+".shadow_mode", "has no effect without a rate_limit at this level")
@@ -150,7 +158,7 @@ func (v *validator) descriptors(raws []rawDescriptor, parent string, depth int) 
 	return out
 }
 
-func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
+func (v *validator) rateLimit(r *rawRateLimit, path string, depth int) *RateLimit {
 	l := &RateLimit{Name: r.Name, Unlimited: r.Unlimited}
 	for i, rep := range r.Replaces {
 		p := fmt.Sprintf("%s.replaces[%d].name", path, i)
@@ -163,6 +171,10 @@ func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
 			l.Replaces = append(l.Replaces, rep.Name)
 		}
 	}
+	if r.Policy != "" {
+		v.sharedPolicy(r, l, path, depth)
+		return l
+	}
 	if r.Unlimited {
 		// An unlimited descriptor is never counted: nothing else applies.
 		for _, f := range []struct {
@@ -171,6 +183,7 @@ func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
 		}{
 			{"unit", r.Unit != ""}, {"algorithm", r.Algorithm != ""}, {"mode", r.Mode != ""},
 			{"on_redis_error", r.OnRedisError != ""}, {"burst", r.Burst != 0}, {"queue", r.Queue != nil}, {"max_delay", r.MaxDelay != ""},
+			{"charge", r.Charge != ""},
 		} {
 			if f.set {
 				v.errs.Add(path+"."+f.name, "has no meaning with unlimited: true")
@@ -207,8 +220,71 @@ func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
 		MaxDelay:     r.MaxDelay,
 		Mode:         r.Mode,
 		OnRedisError: r.OnRedisError,
+		Charge:       r.Charge,
 		Counts:       []config.LimitCount{{N: l.RequestsPerUnit, Window: l.Window}},
 	}, path, &v.place, v.errs)
 	l.Algorithm, l.Burst, l.Queue, l.MaxDelay, l.Mode, l.OnRedisError = set.Algorithm, r.Burst, set.Queue, set.MaxDelay, set.Mode, set.OnRedisError
+	l.Charge = set.Charge
 	return l
+}
+
+// sharedPolicy checks a rate_limit that counts in a policy's bucket
+// (policy: NAME): the limit is the policy's, whole, and the descriptor's
+// entries, depth of them, fill the policy's key parts in order.
+func (v *validator) sharedPolicy(r *rawRateLimit, l *RateLimit, path string, depth int) {
+	l.Policy = r.Policy
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"unit", r.Unit != ""}, {"requests_per_unit", r.RequestsPerUnit != nil}, {"unlimited", r.Unlimited},
+		{"algorithm", r.Algorithm != ""}, {"mode", r.Mode != ""}, {"on_redis_error", r.OnRedisError != ""},
+		{"burst", r.Burst != 0}, {"queue", r.Queue != nil}, {"max_delay", r.MaxDelay != ""}, {"charge", r.Charge != ""},
+	} {
+		if f.set {
+			v.errs.Add(path+"."+f.name, "comes from policy %s with policy: set; remove it", r.Policy)
+		}
+	}
+	p, ok := v.policies[r.Policy]
+	switch {
+	case !ok:
+		v.errs.Add(path+".policy", "%q is not a policy of the main configuration%s; choices are %s", r.Policy, v.source, v.policyNames())
+	case p.Unlimited || p.UsePlan:
+		v.errs.Add(path+".policy", "%q has no count of its own to share (an unlimited policy, or limit: plan)", r.Policy)
+	case p.Calendar:
+		v.errs.Add(path+".policy", "%q counts calendar windows, which only its Check door aligns to its time zone; share a policy whose window is a duration", r.Policy)
+	case len(p.Key) != depth:
+		v.errs.Add(path+".policy", "%q has %d key parts (%s) and this descriptor %d entries: a request's entries fill the policy's key parts in order, one each", r.Policy, len(p.Key), keyParts(p.Key), depth)
+	default:
+		for _, k := range p.Key {
+			if k.Kind == config.KeyIP {
+				v.errs.Add(path+".policy", "%q is keyed by ip, which the policy reads from the connection and forwarded headers as no descriptor entry can repeat; key the policy by a header or claim", r.Policy)
+				break
+			}
+		}
+		l.Algorithm, l.Mode, l.OnRedisError, l.Charge = p.Algorithm, p.Mode, p.OnRedisError, p.Charge
+	}
+}
+
+func keyParts(ks []config.KeyPart) string {
+	if len(ks) == 0 {
+		return "none"
+	}
+	s := make([]string, len(ks))
+	for i, k := range ks {
+		s[i] = k.String()
+	}
+	return strings.Join(s, ", ")
+}
+
+func (v *validator) policyNames() string {
+	names := make([]string, 0, len(v.policies))
+	for n := range v.policies {
+		names = append(names, n)
+	}
+	if len(names) == 0 {
+		return "none (the main configuration has no policies)"
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
 }
