@@ -188,3 +188,22 @@ func TestTokenBudgetLocal(t *testing.T) {
 	s := startSidecar(t, "default_mode: local\n"+budgetPolicy+section)
 	budgetRun(t, []*sidecar{s}, true)
 }
+
+// A stream-done call whose other descriptor is over the limit is denied,
+// and its charge is counted all the same: a charge is never refunded.
+func TestTokenBudgetChargeBesideADenial(t *testing.T) {
+	section, _ := domainDir(t, map[string]string{"llm.yaml": budgetDomain + `
+  - key: model
+    rate_limit: {unit: minute, requests_per_unit: 0}
+`})
+	s := startSidecar(t, "default_mode: local\n"+budgetPolicy+section)
+	call := budgetCall("acme", 3000)
+	call.Descriptors = append(call.Descriptors, rateLimitRequest("llm", envoyRequest{}, actions(genericKey("model", "large"))).Descriptors...)
+	if resp := s.shouldRateLimit(call); rlsStatus(resp) != 429 {
+		t.Fatalf("the call with a descriptor over the limit: %v", resp)
+	}
+	q := s.shouldRateLimit(budgetCall("acme", 0))
+	if left := q.GetStatuses()[0].GetLimitRemaining(); rlsStatus(q) != 200 || left != 100_000-3000 {
+		t.Fatalf("after the denied call: %d remaining, want %d charged: %v", left, 3000, q)
+	}
+}
