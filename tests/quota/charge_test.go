@@ -22,6 +22,7 @@ var chargeLimits = []quota.Limit{
 	{Algorithm: quota.TokenBucket, Limit: 30, Window: time.Second, Burst: 60, Overdraft: true},
 	{Algorithm: quota.FixedWindow, Limit: 100, Window: 10 * time.Second, Overdraft: true},
 	{Algorithm: quota.SlidingWindow, Limit: 100, Window: 10 * time.Second, Overdraft: true},
+	{Algorithm: quota.FixedWindow, Limit: 100, Window: 24 * time.Hour, Calendar: quota.NewCalendar(quota.Day, time.UTC), Overdraft: true},
 }
 
 // The scripts charge as the Go algorithms do, on the same instants:
@@ -36,7 +37,7 @@ func TestRedisChargesMatchLocal(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 7))
 	for _, l := range chargeLimits {
 		var local quota.State
-		key := fmt.Sprintf("charge:%s:%d:%d", l.Algorithm, l.Limit, l.Burst)
+		key := fmt.Sprintf("charge:%s:%d:%d:%v", l.Algorithm, l.Limit, l.Burst, l.Calendar != nil)
 		var debts int
 		for i := 0; i < 600; i++ {
 			clk.Advance(time.Duration(rng.IntN(int(300*time.Millisecond/time.Microsecond))) * time.Microsecond)
