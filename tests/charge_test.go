@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os/exec"
+	"regexp"
 	"strconv"
 	"testing"
 	"time"
@@ -205,5 +207,24 @@ func TestTokenBudgetChargeBesideADenial(t *testing.T) {
 	q := s.shouldRateLimit(budgetCall("acme", 0))
 	if left := q.GetStatuses()[0].GetLimitRemaining(); rlsStatus(q) != 200 || left != 100_000-3000 {
 		t.Fatalf("after the denied call: %d remaining, want %d charged: %v", left, 3000, q)
+	}
+}
+
+// extauthz validate prints the policy's charge and the descriptor that
+// counts in its bucket.
+func TestTokenBudgetValidateSummary(t *testing.T) {
+	section, _ := domainDir(t, map[string]string{"llm.yaml": budgetDomain})
+	path := writeConfig(t, "default_mode: local\n"+budgetPolicy+section)
+	out, err := exec.Command(binary, "validate", "-config", path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("validate: %v\n%s", err, out)
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^tokens\s+every request\s+client\s+100000/24h0m0s\s+fixed_window\s+local\s+charge=always$`),
+		regexp.MustCompile(`(?m)^llm\s+tenant\s+policy tokens\s+fixed_window\s+local\s+charge=always$`),
+	} {
+		if !want.Match(out) {
+			t.Errorf("validate's summary lacks %s:\n%s", want, out)
+		}
 	}
 }
