@@ -15,7 +15,7 @@
 -- units of a lease in the window starting at back_ws, not spent, are
 -- given back first. A lease dies with its window, so a count leased in
 -- one is never spent in the next: the window's count, leases included,
--- never passes its limit.
+-- never passes its limit (but by charges, below).
 --
 -- charge (charge: always) counts want units whatever the count: it may
 -- pass the limit, and the window's end forgives what went past it.
