@@ -90,7 +90,10 @@ func printRLSSummary(w io.Writer, rc *rlsconfig.Config) {
 				// all must allow.
 				for _, l := range d.Limits {
 					limit, alg, mode := "unlimited", "-", "-"
-					if !l.Unlimited {
+					switch {
+					case l.Policy != "":
+						limit, alg, mode = "policy "+l.Policy, string(l.Algorithm), string(l.Mode)
+					case !l.Unlimited:
 						limit, alg, mode = rlsLimit(l), string(l.Algorithm), string(l.Mode)
 					}
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n, entry, limit, alg, mode, rlsFlags(d, l))
@@ -124,6 +127,9 @@ func rlsFlags(d *rlsconfig.Descriptor, l *rlsconfig.RateLimit) string {
 	}
 	if d.ShareThreshold {
 		f = append(f, "shared")
+	}
+	if l.Charge == config.ChargeAlways {
+		f = append(f, "charge=always")
 	}
 	if !l.Unlimited && l.Mode != config.ModeLocal {
 		f = append(f, "on_redis_error="+string(l.OnRedisError))
@@ -315,6 +321,9 @@ func describeFlags(p config.Policy) string {
 	}
 	if p.OnMissingKey == config.MissingReject {
 		f = append(f, "missing key=401")
+	}
+	if p.Charge == config.ChargeAlways {
+		f = append(f, "charge=always")
 	}
 	if p.Cost != (config.Cost{Units: 1}) {
 		f = append(f, "cost="+p.Cost.String())

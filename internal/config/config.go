@@ -36,6 +36,21 @@ const (
 // Algorithms lists every algorithm.
 var Algorithms = []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog, LeakyBucket}
 
+// Charge says when a limit's takes may be refused.
+type Charge string
+
+// The choices of charge.
+const (
+	// ChargeRequest (the default) takes a request's units all or none: a
+	// take past the limit is refused and counts nothing.
+	ChargeRequest Charge = "request"
+	// ChargeAlways counts every take of units in full, even past the
+	// limit (into debt), and refuses none; a take of 0 units asks whether
+	// at least one is left. For counts reported after the response, such
+	// as a model's tokens, charged through the rate limit service.
+	ChargeAlways Charge = "always"
+)
+
 // OnRedisError says what a Redis-backed policy does while Redis is unreachable.
 type OnRedisError string
 
@@ -251,6 +266,10 @@ type Policy struct {
 	Algorithm    Algorithm
 	Mode         Mode
 	OnRedisError OnRedisError
+	// Charge: always makes the policy's takes never refused (see
+	// ChargeAlways); its Check asks with 0 units, and the rate limit
+	// service charges it after the response. ChargeRequest otherwise.
+	Charge       Charge
 	OnMissingKey OnMissingKey
 	Shadow       bool
 	// Calendar aligns the windows to the calendar of TimeZone: Period

@@ -23,6 +23,7 @@ type LimitFields struct {
 	MaxDelay     string
 	Mode         string
 	OnRedisError string
+	Charge       string
 	// Counts are what the limit admits per window: its own, or for a
 	// policy of limit: plan each plan's.
 	Counts []LimitCount
@@ -69,6 +70,7 @@ type LimitSettings struct {
 	MaxDelay     time.Duration
 	Mode         Mode // "" when the mode given is not one
 	OnRedisError OnRedisError
+	Charge       Charge
 }
 
 // modeChoices lists the modes in messages.
@@ -78,7 +80,7 @@ const modeChoices = "local, redis, hybrid"
 // policies[0] or descriptors[1].rate_limit), recording every problem in
 // errs under its field's path.
 func ValidateLimit(f *LimitFields, path string, place *LimitPlace, errs *Errors) LimitSettings {
-	s := LimitSettings{Algorithm: place.DefaultAlgorithm, Mode: place.DefaultMode, OnRedisError: OnErrorFallback}
+	s := LimitSettings{Algorithm: place.DefaultAlgorithm, Mode: place.DefaultMode, OnRedisError: OnErrorFallback, Charge: ChargeRequest}
 	if f.Algorithm != "" {
 		s.Algorithm = Algorithm(f.Algorithm)
 		if !slices.Contains(Algorithms, s.Algorithm) {
@@ -122,7 +124,31 @@ func ValidateLimit(f *LimitFields, path string, place *LimitPlace, errs *Errors)
 			errs.add(path+".on_redis_error", "%q is not a choice; choices are fallback, allow, deny", f.OnRedisError)
 		}
 	}
+	s.Charge = validateCharge(f.Charge, s.Algorithm, path+".charge", errs)
 	return s
+}
+
+// validateCharge checks charge, which only the algorithms that can hold a
+// debt take: a token bucket's level goes below empty and refill pays it
+// back; a window's count passes its limit (a fixed window's end forgives
+// what went past it, a sliding window's estimate decays through it).
+func validateCharge(v string, a Algorithm, path string, errs *Errors) Charge {
+	switch Charge(v) {
+	case "", ChargeRequest:
+		return ChargeRequest
+	case ChargeAlways:
+	default:
+		errs.add(path, "%q is not a choice; choices are request, always", v)
+		return ChargeRequest
+	}
+	switch a {
+	case TokenBucket, FixedWindow, SlidingWindow:
+	case SlidingLog:
+		errs.add(path, "always does not apply to sliding_log, which keeps an entry per unit admitted and cannot hold a debt; use token_bucket, fixed_window or sliding_window")
+	case LeakyBucket:
+		errs.add(path, "always does not apply to leaky_bucket, whose units are slots held in time, not a count that can go into debt; use token_bucket, fixed_window or sliding_window")
+	}
+	return ChargeAlways
 }
 
 func algorithmChoices() string {

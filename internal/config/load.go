@@ -150,6 +150,7 @@ type rawPolicy struct {
 	MaxDelay     string   `yaml:"max_delay"`
 	Mode         string   `yaml:"mode"`
 	OnRedisError string   `yaml:"on_redis_error"`
+	Charge       string   `yaml:"charge"`
 	OnMissingKey string   `yaml:"on_missing_key"`
 	Shadow       bool     `yaml:"shadow"`
 	Cost         rawCost  `yaml:"cost"`

@@ -533,10 +533,16 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		}
 	}
 	limit := validatePolicyLimit(r, path, &p, c, errs)
-	p.Algorithm, p.Queue, p.MaxDelay, p.Mode, p.OnRedisError = limit.Algorithm, limit.Queue, limit.MaxDelay, limit.Mode, limit.OnRedisError
+	p.Algorithm, p.Queue, p.MaxDelay, p.Mode, p.OnRedisError, p.Charge = limit.Algorithm, limit.Queue, limit.MaxDelay, limit.Mode, limit.OnRedisError, limit.Charge
 	validateCalendar(r, path, &p, c, errs)
 	warnLeakyBucket(path, &p, c)
 	validateCost(&r.Cost, path+".cost", &p, c, errs)
+	switch {
+	case p.Charge == ChargeAlways && r.Cost.Set:
+		errs.add(path+".cost", "does not apply to charge: always: Check cannot see the response, so it only asks whether budget is left (0 units); charge the units through the rate limit service (a descriptor with rate_limit.policy: %s and Envoy's apply_on_stream_done); remove cost", p.Name)
+	case p.Charge == ChargeAlways && p.Unlimited:
+		errs.add(path+".charge", "an unlimited policy keeps no count to charge; remove it")
+	}
 
 	if r.OnMissingKey != "" {
 		switch v := OnMissingKey(r.OnMissingKey); v {
@@ -602,7 +608,7 @@ func validatePolicyLimit(r *rawPolicy, path string, p *Policy, c *Config, errs *
 	if r.Calendar {
 		place.DefaultAlgorithm = FixedWindow
 	}
-	f := LimitFields{Algorithm: r.Algorithm, Burst: r.Burst, Queue: r.Queue, MaxDelay: r.MaxDelay, Mode: r.Mode, OnRedisError: r.OnRedisError}
+	f := LimitFields{Algorithm: r.Algorithm, Burst: r.Burst, Queue: r.Queue, MaxDelay: r.MaxDelay, Mode: r.Mode, OnRedisError: r.OnRedisError, Charge: r.Charge}
 	if p.UsePlan {
 		for _, name := range sortedKeys(c.Plans) {
 			plan := c.Plans[name]

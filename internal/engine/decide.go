@@ -167,6 +167,12 @@ func (e *Engine) Decide(ctx context.Context, req *Request, now time.Time, v *Ver
 		}
 		l := e.limitOf(ctx, p, req, caller)
 		units := e.units(ctx, p, req)
+		if l.Overdraft {
+			// Check cannot see the response: under charge: always it
+			// only asks whether budget is left, and the rate limit
+			// service charges what the response reports.
+			units = 0
+		}
 		if units > l.MaxCost() && !p.Shadow {
 			neverFits = true
 		}

@@ -93,10 +93,11 @@ type Limit struct {
 }
 
 // MaxCost is the most units one request may take under l: a token
-// bucket's capacity, else the limit; no bound for an unlimited limit.
+// bucket's capacity, else the limit; no bound for an unlimited limit, or
+// for one that charges (charge: always), whose takes are never refused.
 func (l *Limit) MaxCost() int64 {
 	switch {
-	case l.Unlimited:
+	case l.Unlimited, l.Overdraft:
 		return math.MaxInt64
 	case l.Algorithm == quota.TokenBucket:
 		return l.Capacity()
@@ -239,6 +240,7 @@ func compileLimit(p config.Policy, n int64, window time.Duration, burst int64, c
 			Queue:     p.Queue,
 			MaxDelay:  p.MaxDelay,
 			Calendar:  cal,
+			Overdraft: p.Charge == config.ChargeAlways,
 		},
 		Header: policyHeader(p.Name, n, window),
 	}

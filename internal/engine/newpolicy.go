@@ -61,6 +61,29 @@ func (p *Policy) CountedAs(name string, m *Metrics) *Policy {
 	return &c
 }
 
+// PartitionFor is the partition key p gives a request whose key parts'
+// values are values, in order: what its Check computes from the request,
+// for a door that is told the values (a rate limit descriptor's entries
+// counting in p's bucket). A missing value is empty, as in Check. A key
+// part of kind ip takes its value as given, not as Check formats the
+// client address; the configuration refuses such a share.
+func (p *Policy) PartitionFor(values []string) string {
+	b := []byte(p.prefix)
+	for i, k := range p.Key {
+		b = append(b, ':')
+		b = append(b, k.Kind...)
+		if k.Name != "" {
+			b = append(b, ':')
+			b = appendEscaped(b, k.Name)
+		}
+		b = append(b, ':')
+		if i < len(values) {
+			b = appendEscaped(b, values[i])
+		}
+	}
+	return string(b)
+}
+
 // AppendKeyValue appends v to a partition key as Decide's keys hold a
 // request's values: the bytes that structure a key (':', the braces of
 // the Redis hash tag, '%') and non-printable bytes percent-encoded, so no

@@ -27,6 +27,11 @@ import (
 //   - Canceled, with the context's error: the caller gave up while the
 //     request was held; its units are refunded.
 //
+// A charge (a take of units under charge: always, quota.Limit.Charges) is
+// a fact, not a request: it is never denied, never refunded, and still
+// made when another take denied the request, so no reported unit is
+// lost. The other takes stay all or none among themselves.
+//
 // Engine.Decide runs the takes of a Check through it, and every other door
 // runs its own (internal/rls: one per rate limit descriptor) the same way,
 // so the guarantees of a request's decisions hold whichever door asked.
@@ -75,7 +80,8 @@ func TakeAll(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (
 		}
 		if denied {
 			// A request denied by one policy consumes nothing from the
-			// others.
+			// others, but for its charges.
+			chargeRest(ctx, takes[i+1:], now)
 			takes = takes[:i+1]
 			refund(ctx, takes, now)
 			if unavailable(takes) {
@@ -93,11 +99,28 @@ func TakeAll(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (
 	return OK, len(takes), nil
 }
 
-// refund gives back the units that allowed policies took.
+// chargeRest makes the charges among the takes a denial left unasked.
+// They are counted in their policies' metrics as allowed; their decisions
+// are not reported (the request is denied; Envoy ignores the answer to a
+// stream-done call anyway). A charge that fails is lost, as any take whose
+// limiter fails.
+func chargeRest(ctx context.Context, takes []Taken, now time.Time) {
+	for i := range takes {
+		t := &takes[i]
+		if t.Limit.Unlimited || !t.Limit.Charges(t.Units) {
+			continue
+		}
+		if _, err := t.Policy.limiter.Take(ctx, t.Key, t.Limit.Limit, t.Units, now); err == nil {
+			t.Policy.allowed.Inc()
+		}
+	}
+}
+
+// refund gives back the units that allowed policies took; charges stay.
 func refund(ctx context.Context, takes []Taken, now time.Time) {
 	for i := range takes {
 		t := &takes[i]
-		if t.OK && t.Units > 0 && !t.Limit.Unlimited {
+		if t.OK && t.Units > 0 && !t.Limit.Unlimited && !t.Limit.Charges(t.Units) {
 			_ = t.Policy.limiter.Refund(ctx, t.Key, t.Limit.Limit, t.Units, now)
 			t.Policy.refunded.Inc()
 		}

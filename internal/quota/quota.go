@@ -79,7 +79,19 @@ type Limit struct {
 	// period's nominal length, for headers only. Nil: windows of length
 	// Window aligned to the unix epoch.
 	Calendar *Calendar
+	// Overdraft (charge: always; token bucket and the window counters
+	// only) makes every take of n > 0 units a charge: always allowed and
+	// counted in full, even past the limit, into debt that refill (or a
+	// fixed window's end) pays back before anything more is admitted. A
+	// take of 0 units stays a question, allowed while at least one unit
+	// is left. It is for counts known only after the fact, such as the
+	// tokens a response reported.
+	Overdraft bool
 }
+
+// Charges reports whether a take of n units under l is a charge: counted
+// whatever is left, never denied.
+func (l Limit) Charges(n int64) bool { return l.Overdraft && n > 0 }
 
 // bounds returns the fixed window holding ns: [start, end), unix ns.
 func (l Limit) bounds(ns int64) (start, end int64) {
@@ -127,7 +139,8 @@ type Decision struct {
 	Limit int64
 	// Remaining is how many more units would be admitted right now, after
 	// this decision. For example, 99 after the first unit of a full bucket
-	// of 100.
+	// of 100. Never negative: a count in debt (Limit.Overdraft) has 0
+	// remaining, and its RetryAfter and ResetAfter tell how deep it is.
 	Remaining int64
 	// RetryAfter is the wait until the units asked for are available: 0
 	// when Allowed.

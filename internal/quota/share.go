@@ -21,6 +21,7 @@ func Share(l Limit, peers int64) Limit {
 		MaxDelay:  l.MaxDelay,
 		OnError:   l.OnError,
 		Calendar:  l.Calendar,
+		Overdraft: l.Overdraft,
 	}
 	if l.Algorithm == TokenBucket {
 		fl.Burst = max(l.Capacity()/peers, 1)

@@ -10,14 +10,23 @@ import "time"
 
 // tokenBucketTake asks for n units of a bucket whose state is tat (unix
 // nanoseconds; zero is a full bucket) at now, and returns the new state.
-// n = 0 decides as for one unit and spends nothing.
+// n = 0 decides as for one unit and spends nothing. Under l.Overdraft a
+// take of n > 0 is a charge: tat moves past now + tau (the level below
+// empty, a debt) and refill pays it back before a unit is admitted again.
 func tokenBucketTake(tat, now int64, l Limit, n int64) (int64, Decision) {
 	iv := l.Interval()
 	capacity := l.Capacity()
 	tau := capacity * iv // time a full bucket takes to refill from empty
 	base := max(tat, now)
-	next := base + max(n, 1)*iv
 	d := Decision{Limit: l.Limit}
+	if l.Charges(n) {
+		next := base + min(n, (maxDebt-(base-now))/iv)*iv
+		d.Allowed = true
+		d.Remaining = max((tau-(next-now))/iv, 0)
+		d.ResetAfter = time.Duration(next - now)
+		return next, d
+	}
+	next := base + max(n, 1)*iv
 	if next-now <= tau {
 		d.Allowed = true
 		if n == 0 {
@@ -29,11 +38,15 @@ func tokenBucketTake(tat, now int64, l Limit, n int64) (int64, Decision) {
 		d.ResetAfter = time.Duration(next - now)
 		return next, d
 	}
-	d.Remaining = (tau - (base - now)) / iv
+	d.Remaining = max((tau-(base-now))/iv, 0) // 0 in debt
 	d.RetryAfter = time.Duration(next - now - tau)
 	d.ResetAfter = time.Duration(base - now)
 	return tat, d
 }
+
+// maxDebt bounds how far charges may push a bucket's tat past now (about
+// 146 years): far beyond any budget's debt, and far from overflowing.
+const maxDebt = 1 << 62
 
 // tokenBucketRefund gives n units back: tat moves back by n intervals,
 // never below now (a bucket cannot hold more than its capacity).

@@ -56,6 +56,11 @@ type windowCount struct {
 	start, prev, cur int64
 }
 
+// maxCount bounds a window's count under charges (l.Overdraft), which
+// may pass the limit: 2^40 keeps the 128-bit products' quotients, and the
+// Lua scripts' doubles, exact.
+const maxCount = 1 << 40
+
 // windowStart returns the start of the window of length w holding now.
 func windowStart(now, w int64) int64 { return now - now%w }
 
@@ -74,7 +79,9 @@ func (st windowCount) roll(now, w int64) windowCount {
 }
 
 // fixedWindowTake asks for n units of a fixed window counter at now; n = 0
-// decides as for one unit and counts nothing.
+// decides as for one unit and counts nothing. Under l.Overdraft a take of
+// n > 0 is counted whatever the count (it may pass the limit); the
+// window's end forgives what went past it.
 func fixedWindowTake(st windowCount, now int64, l Limit, n int64) (windowCount, Decision) {
 	start, end := l.bounds(now)
 	if st.start != start {
@@ -83,6 +90,12 @@ func fixedWindowTake(st windowCount, now int64, l Limit, n int64) (windowCount, 
 	st.prev = 0
 	left := time.Duration(end - now)
 	d := Decision{Limit: l.Limit, ResetAfter: left}
+	if l.Charges(n) {
+		st.cur = min(st.cur+n, maxCount)
+		d.Allowed = true
+		d.Remaining = max(l.Limit-st.cur, 0)
+		return st, d
+	}
 	if st.cur+max(n, 1) <= l.Limit {
 		st.cur += n
 		d.Allowed = true
@@ -103,14 +116,20 @@ func fixedWindowRefund(st windowCount, now int64, l Limit, n int64) windowCount 
 }
 
 // slidingWindowTake asks for n units of a sliding window counter at now;
-// n = 0 decides as for one unit and counts nothing.
+// n = 0 decides as for one unit and counts nothing. Under l.Overdraft a
+// take of n > 0 is counted whatever the estimate; what went past the
+// limit weighs on the next window as any count does, so the debt is paid
+// as the estimate decays.
 func slidingWindowTake(st windowCount, now int64, l Limit, n int64) (windowCount, Decision) {
 	w := int64(l.Window)
 	st = st.roll(now, w)
 	e := now - st.start
 	d := Decision{Limit: l.Limit}
 	spend := max(n, 1)
-	if slidingFits(st.prev, st.cur+spend, l.Limit, w, e) {
+	if l.Charges(n) || slidingFits(st.prev, st.cur+spend, l.Limit, w, e) {
+		if l.Charges(n) {
+			n = min(n, maxCount-st.cur)
+		}
 		st.cur += n
 		d.Allowed = true
 		d.Remaining = slidingRemaining(st.prev, st.cur, l.Limit, w, e)

@@ -88,6 +88,9 @@ type limit struct {
 	suffix  limitSuffix
 	policy  *engine.Policy // nil when unlimited
 	current *rlsv3.RateLimitResponse_RateLimit
+	// keyed: the rate limit counts in a policy's bucket (rate_limit.policy),
+	// its key the policy's with the request's entries as the key parts.
+	keyed bool
 }
 
 // limitSuffix is what a limit of a descriptor with several adds, by its
@@ -215,6 +218,12 @@ func (c *compiled) rule(d *rlsconfig.Descriptor, stat string, dom *rlsconfig.Dom
 			lim.suffix = suffixOf(l.Window)
 			path = fmt.Sprintf("%s.rate_limits[%d]", d.Path, i)
 		}
+		if l.Policy != "" {
+			if err := c.sharedLimit(lim, l, d, stat, dom, path); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		lim.current = &rlsv3.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: uint32(l.RequestsPerUnit), Unit: units[l.Unit]}
 		if l.UnitMultiplier > 1 {
 			lim.current.UnitMultiplier = wrapperspb.UInt32(uint32(l.UnitMultiplier))
@@ -237,6 +246,45 @@ func (c *compiled) rule(d *rlsconfig.Descriptor, stat string, dom *rlsconfig.Dom
 		lim.policy = p
 	}
 	return r, nil
+}
+
+// sharedRule compiles a rate limit that counts in the bucket of the main
+// configuration's policy l.Policy (rlsconfig checked that it may): the
+// policy compiled for this door with the limiters Check's decide with,
+// so both doors reach one count under one key; its decisions count under
+// the descriptor's metric name.
+func (c *compiled) sharedLimit(lim *limit, l *rlsconfig.RateLimit, d *rlsconfig.Descriptor, stat string, dom *rlsconfig.Domain, path string) error {
+	var pc *config.Policy
+	for i := range c.cfg.Policies {
+		if c.cfg.Policies[i].Name == l.Policy {
+			pc = &c.cfg.Policies[i]
+		}
+	}
+	if pc == nil {
+		return fmt.Errorf("%s: %s.policy: %q is not a policy of the main configuration", dom.File, path, l.Policy)
+	}
+	shared := *pc
+	shared.Shadow = pc.Shadow || d.Shadow
+	p, err := engine.NewPolicy(shared, c.limiters, c.metrics)
+	if err != nil {
+		return fmt.Errorf("%s: %s: %w", dom.File, path, err)
+	}
+	unit, perUnit := statusUnit(pc.Window, pc.Limit)
+	lim.current = &rlsv3.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: perUnit, Unit: unit}
+	lim.policy, lim.keyed = p.CountedAs(stat+lim.suffix.name, c.metrics), true
+	return nil
+}
+
+// statusUnit describes a policy's limit in the protocol's terms, which
+// know only whole units: its window when it is one, else the limit
+// spread over seconds (rounded down, at least 1).
+func statusUnit(window time.Duration, n int64) (rlsv3.RateLimitResponse_RateLimit_Unit, uint32) {
+	for name, w := range rlsconfig.Units {
+		if w == window {
+			return units[name], uint32(min(n, rlsconfig.MaxRequestsPerUnit))
+		}
+	}
+	return rlsv3.RateLimitResponse_RateLimit_SECOND, uint32(max(min(int64(float64(n)/window.Seconds()), rlsconfig.MaxRequestsPerUnit), 1))
 }
 
 // policy compiles a rate limit; one of 0 requests per unit puts every

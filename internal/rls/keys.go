@@ -8,7 +8,8 @@ import (
 
 // keyPrefix starts every partition key of this door. A policy's keys start
 // with its name, which cannot hold a '/', so no descriptor's count can be
-// an ext_authz policy's, and the Redis key scheme is the same for both:
+// an ext_authz policy's (but a rate limit's that names the policy to
+// count in, rate_limit.policy, whose key is the policy's: sharedPartition), and the Redis key scheme is the same for both:
 // "rl:{rls/shop:user=ada}", the whole partition in the hash tag, so a
 // Redis Cluster keeps each count on one node.
 const keyPrefix = "rls/"
@@ -33,6 +34,19 @@ func partition(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, 
 		b = engine.AppendKeyValue(b, v)
 	}
 	return string(b)
+}
+
+// sharedPartition is the key of a descriptor counting in policy p's
+// bucket (rate_limit.policy): p's own partition key, the entries' values
+// filling its key parts in order, so a Check of the same caller and this
+// descriptor reach one count.
+func sharedPartition(p *engine.Policy, entries []*ratelimitv3.RateLimitDescriptor_Entry) string {
+	var buf [8]string
+	values := buf[:0]
+	for _, e := range entries {
+		values = append(values, e.GetValue())
+	}
+	return p.PartitionFor(values)
 }
 
 // metricName is the name a dynamic rule's decision counts under, as

@@ -283,7 +283,11 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 					return nil, engine.Failed, grpcstatus.Errorf(codes.Internal, "rls: %v", err)
 				}
 			}
-			a.add(l, engine.Taken{Policy: p, Key: key + l.suffix.key, Limit: p.FixedLimit(), Units: hits(req, d)})
+			k := key + l.suffix.key
+			if l.keyed {
+				k = sharedPartition(p, entries) // the policy's own key: one bucket for both doors
+			}
+			a.add(l, engine.Taken{Policy: p, Key: k, Limit: p.FixedLimit(), Units: hits(req, d)})
 		}
 	}
 	if replaced != nil {

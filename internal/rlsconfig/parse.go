@@ -3,6 +3,7 @@ package rlsconfig
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -46,6 +47,8 @@ type rawRateLimit struct {
 	Burst        int64  `yaml:"burst"`
 	Queue        *int64 `yaml:"queue"`
 	MaxDelay     string `yaml:"max_delay"`
+	Charge       string `yaml:"charge"`
+	Policy       string `yaml:"policy"`
 }
 
 type rawReplace struct {
@@ -58,7 +61,10 @@ func parse(data []byte, name string, o Options) (*Domain, []string, error) {
 	if err := errs.Err(); err != nil {
 		return nil, nil, err
 	}
-	v := &validator{file: name, place: limitPlace(o), errs: errs}
+	v := &validator{file: name, place: limitPlace(o), errs: errs, policies: o.Policies}
+	if o.Source != "" {
+		v.source = " (" + o.Source + ")"
+	}
 	d := &Domain{Name: raw.Domain, File: name}
 	if raw.Domain == "" {
 		errs.Add("domain", "is required: the domain Envoy's rate limit filter names")
@@ -103,6 +109,8 @@ type validator struct {
 	place    config.LimitPlace
 	errs     *config.Errors
 	warnings []string
+	policies map[string]*config.Policy
+	source   string // " (main.yaml)" for messages, or ""
 }
 
 func (v *validator) warn(path, format string, args ...any) {
@@ -144,7 +152,7 @@ func (v *validator) descriptors(raws []rawDescriptor, parent string, depth int) 
 		} else if r.ShareThreshold {
 			v.errs.Add(path+".share_threshold", "applies to wildcard values (with a *), not %q", r.Value)
 		}
-		d.Limits = v.rateLimits(r, path)
+		d.Limits = v.rateLimits(r, path, depth)
 		if len(d.Limits) > 0 {
 			d.Limit = d.Limits[0]
 		}
@@ -161,13 +169,13 @@ func (v *validator) descriptors(raws []rawDescriptor, parent string, depth int) 
 // envoyproxy/ratelimit reads), or its list of rate_limits, which must all
 // allow a request. Each limit of a list is counted apart, by its window,
 // so a list has one limit per window.
-func (v *validator) rateLimits(r *rawDescriptor, path string) []*RateLimit {
+func (v *validator) rateLimits(r *rawDescriptor, path string, depth int) []*RateLimit {
 	switch {
 	case r.RateLimit != nil && r.RateLimits != nil:
 		v.errs.Add(path+".rate_limits", "give rate_limit (one limit) or rate_limits (several), not both")
 		return nil
 	case r.RateLimit != nil:
-		return []*RateLimit{v.rateLimit(r.RateLimit, path+".rate_limit")}
+		return []*RateLimit{v.rateLimit(r.RateLimit, path+".rate_limit", depth)}
 	case r.RateLimits == nil:
 		return nil
 	case len(r.RateLimits) == 0:
@@ -183,7 +191,7 @@ func (v *validator) rateLimits(r *rawDescriptor, path string) []*RateLimit {
 	for i := range r.RateLimits {
 		raw := &r.RateLimits[i]
 		p := fmt.Sprintf("%s.rate_limits[%d]", path, i)
-		l := v.rateLimit(raw, p)
+		l := v.rateLimit(raw, p, depth)
 		if l.Unlimited && len(r.RateLimits) > 1 {
 			v.errs.Add(p+".unlimited", "stands alone: beside it, the other limits of rate_limits would never apply")
 		}
@@ -204,7 +212,7 @@ func (v *validator) rateLimits(r *rawDescriptor, path string) []*RateLimit {
 	return out
 }
 
-func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
+func (v *validator) rateLimit(r *rawRateLimit, path string, depth int) *RateLimit {
 	l := &RateLimit{Name: r.Name, Unlimited: r.Unlimited}
 	for i, rep := range r.Replaces {
 		p := fmt.Sprintf("%s.replaces[%d].name", path, i)
@@ -217,6 +225,10 @@ func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
 			l.Replaces = append(l.Replaces, rep.Name)
 		}
 	}
+	if r.Policy != "" {
+		v.sharedPolicy(r, l, path, depth)
+		return l
+	}
 	if r.Unlimited {
 		// An unlimited descriptor is never counted: nothing else applies.
 		for _, f := range []struct {
@@ -226,6 +238,7 @@ func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
 			{"unit", r.Unit != ""}, {"unit_multiplier", r.UnitMultiplier != nil}, {"window", r.Window != ""},
 			{"algorithm", r.Algorithm != ""}, {"mode", r.Mode != ""},
 			{"on_redis_error", r.OnRedisError != ""}, {"burst", r.Burst != 0}, {"queue", r.Queue != nil}, {"max_delay", r.MaxDelay != ""},
+			{"charge", r.Charge != ""},
 		} {
 			if f.set {
 				v.errs.Add(path+"."+f.name, "has no meaning with unlimited: true")
@@ -254,9 +267,11 @@ func (v *validator) rateLimit(r *rawRateLimit, path string) *RateLimit {
 		MaxDelay:     r.MaxDelay,
 		Mode:         r.Mode,
 		OnRedisError: r.OnRedisError,
+		Charge:       r.Charge,
 		Counts:       []config.LimitCount{{N: l.RequestsPerUnit, Window: l.Window}},
 	}, path, &v.place, v.errs)
 	l.Algorithm, l.Burst, l.Queue, l.MaxDelay, l.Mode, l.OnRedisError = set.Algorithm, r.Burst, set.Queue, set.MaxDelay, set.Mode, set.OnRedisError
+	l.Charge = set.Charge
 	return l
 }
 
@@ -343,4 +358,66 @@ func FormatWindow(w time.Duration) string {
 		}
 	}
 	return w.String()
+}
+
+// sharedPolicy checks a rate_limit that counts in a policy's bucket
+// (policy: NAME): the limit is the policy's, whole, and the descriptor's
+// entries, depth of them, fill the policy's key parts in order.
+func (v *validator) sharedPolicy(r *rawRateLimit, l *RateLimit, path string, depth int) {
+	l.Policy = r.Policy
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"unit", r.Unit != ""}, {"unit_multiplier", r.UnitMultiplier != nil}, {"window", r.Window != ""},
+		{"requests_per_unit", r.RequestsPerUnit != nil}, {"unlimited", r.Unlimited},
+		{"algorithm", r.Algorithm != ""}, {"mode", r.Mode != ""}, {"on_redis_error", r.OnRedisError != ""},
+		{"burst", r.Burst != 0}, {"queue", r.Queue != nil}, {"max_delay", r.MaxDelay != ""}, {"charge", r.Charge != ""},
+	} {
+		if f.set {
+			v.errs.Add(path+"."+f.name, "comes from policy %s with policy: set; remove it", r.Policy)
+		}
+	}
+	p, ok := v.policies[r.Policy]
+	switch {
+	case !ok:
+		v.errs.Add(path+".policy", "%q is not a policy of the main configuration%s; choices are %s", r.Policy, v.source, v.policyNames())
+	case p.Unlimited || p.UsePlan:
+		v.errs.Add(path+".policy", "%q has no count of its own to share (an unlimited policy, or limit: plan)", r.Policy)
+	case p.Calendar:
+		v.errs.Add(path+".policy", "%q counts calendar windows, which only its Check door aligns to its time zone; share a policy whose window is a duration", r.Policy)
+	case len(p.Key) != depth:
+		v.errs.Add(path+".policy", "%q has %d key parts (%s) and this descriptor %d entries: a request's entries fill the policy's key parts in order, one each", r.Policy, len(p.Key), keyParts(p.Key), depth)
+	default:
+		for _, k := range p.Key {
+			if k.Kind == config.KeyIP {
+				v.errs.Add(path+".policy", "%q is keyed by ip, which the policy reads from the connection and forwarded headers as no descriptor entry can repeat; key the policy by a header or claim", r.Policy)
+				break
+			}
+		}
+		l.Algorithm, l.Mode, l.OnRedisError, l.Charge = p.Algorithm, p.Mode, p.OnRedisError, p.Charge
+	}
+}
+
+func keyParts(ks []config.KeyPart) string {
+	if len(ks) == 0 {
+		return "none"
+	}
+	s := make([]string, len(ks))
+	for i, k := range ks {
+		s[i] = k.String()
+	}
+	return strings.Join(s, ", ")
+}
+
+func (v *validator) policyNames() string {
+	names := make([]string, 0, len(v.policies))
+	for n := range v.policies {
+		names = append(names, n)
+	}
+	if len(names) == 0 {
+		return "none (the main configuration has no policies)"
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
 }

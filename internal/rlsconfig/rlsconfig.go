@@ -114,6 +114,17 @@ type RateLimit struct {
 	// rate limit filter gives the call 20ms by default.
 	Queue    int64
 	MaxDelay time.Duration
+	// Charge: always counts every descriptor's hits, even past the limit
+	// (into debt), refusing none; hits 0 asks whether any is left.
+	Charge config.Charge
+	// Policy, when set, names the main configuration's policy whose
+	// bucket this rate limit counts in, whole: its limit, window,
+	// algorithm, mode and charge (copied above), and its partition key,
+	// which the descriptor's entries' values fill in order of the
+	// policy's key parts. The Check of a request and the descriptors
+	// Envoy sends for it then spend one count. The fields from Unit to
+	// MaxDelay are then zero but for those copied.
+	Policy string
 }
 
 // Options are what the main configuration says about the limits.
@@ -130,9 +141,16 @@ type Options struct {
 	// a sliding_log limit's logs are bounded as a policy's are. A zero
 	// field takes the main configuration's default.
 	Local config.Local
+	// Policies are the main configuration's policies by name, for the
+	// rate limits that count in one (rate_limit.policy).
+	Policies map[string]*config.Policy
 }
 
 // OptionsFor returns the options the main configuration c implies.
 func OptionsFor(c *config.Config) Options {
-	return Options{DefaultMode: c.DefaultMode, Redis: c.Redis != nil, Source: c.Source, Local: c.Local}
+	o := Options{DefaultMode: c.DefaultMode, Redis: c.Redis != nil, Source: c.Source, Local: c.Local, Policies: map[string]*config.Policy{}}
+	for i := range c.Policies {
+		o.Policies[c.Policies[i].Name] = &c.Policies[i]
+	}
+	return o
 }

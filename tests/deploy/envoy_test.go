@@ -350,14 +350,23 @@ func checkHCM(p *problems, name string, raw []byte, b *bootstrapv3.Bootstrap, h 
 	}
 	if rl, _ := rateLimitFilterOf(filters); rl != nil {
 		// Global rate limiting: the ratelimit filter calls extauthz's
-		// rate limit service, and ext_authz is not in the chain.
+		// rate limit service, and ext_authz is not in the chain; but for
+		// token budgets, where Check admits and the ratelimit filter
+		// only charges when the stream is done (then both are checked).
+		both := false
 		for _, f := range filters {
 			if _, ok := unpack[*extauthzv3.ExtAuthz](f.GetTypedConfig()); ok {
-				p.add("%s: both ext_authz and the ratelimit filter call extauthz: one door per bootstrap keeps its checks meaningful", name)
+				both = true
 			}
 		}
-		checkRateLimitBootstrap(p, name, raw, b, h, rl, sc)
-		return
+		charges := checkRateLimitBootstrap(p, name, raw, b, h, rl, sc)
+		switch {
+		case !both:
+			return
+		case charges == 0:
+			p.add("%s: both ext_authz and the ratelimit filter call extauthz: one door per bootstrap keeps its checks meaningful (but for token budgets: the ratelimit filter charging with apply_on_stream_done)", name)
+			return
+		}
 	}
 	var ea *extauthzv3.ExtAuthz
 	var jwt *jwtauthnv3.JwtAuthentication

@@ -216,34 +216,100 @@ func rateLimitFilterOf(filters []*hcmv3http.HttpFilter) (*ratelimitv3.RateLimit,
 }
 
 // checkRateLimitBootstrap checks a bootstrap's ratelimit filter, the
-// cluster it calls and the routes' rate_limits.
-func checkRateLimitBootstrap(p *problems, name string, raw []byte, b *bootstrapv3.Bootstrap, h *hcmv3http.HttpConnectionManager, rl *ratelimitv3.RateLimit, sc *sidecarConfig) {
+// cluster it calls and the routes' rate_limits (their own, and those of
+// the filter's per-route config, the only ones whose hits_addend Envoy
+// reads). It returns how many of them charge when the stream is done.
+func checkRateLimitBootstrap(p *problems, name string, raw []byte, b *bootstrapv3.Bootstrap, h *hcmv3http.HttpConnectionManager, rl *ratelimitv3.RateLimit, sc *sidecarConfig) int {
 	explicit, err := explicitField(raw, "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit", "failure_mode_deny")
 	if err != nil {
 		p.add("%s: %v", name, err)
-		return
+		return 0
 	}
 	cluster := checkRateLimitFilter(p, name, rl, sc, len(explicit) > 0 && explicit[0])
 	if cluster != "" {
 		checkExtAuthzCluster(p, name, b, cluster, sc)
 	}
 	dom := sc.domains[rl.GetDomain()]
-	limited := 0
+	limited, charges := 0, 0
 	for _, vh := range h.GetRouteConfig().GetVirtualHosts() {
 		checkRateLimits(p, fmt.Sprintf("%s: virtual host %q", name, vh.GetName()), vh.GetRateLimits(), dom)
 		limited += len(vh.GetRateLimits())
 		for _, r := range vh.GetRoutes() {
 			rls := r.GetRoute().GetRateLimits()
+			if per, ok := unpack[*ratelimitv3.RateLimitPerRoute](r.GetTypedPerFilterConfig()[rateLimitFilter]); ok {
+				rls = append(rls, per.GetRateLimits()...)
+			}
 			if strings.Contains(routePath(r), "health") && len(rls)+len(vh.GetRateLimits()) > 0 {
 				p.add("%s: health-check route %q has rate_limits: probes would spend quota", name, r.GetName())
 			}
-			checkRateLimits(p, fmt.Sprintf("%s: route %q", name, r.GetName()), rls, dom)
+			where := fmt.Sprintf("%s: route %q", name, r.GetName())
+			checkRateLimits(p, where, rls, dom)
+			charges += checkCharges(p, where, rls, dom, sc)
 			limited += len(rls)
 		}
 	}
 	if limited == 0 {
 		p.add("%s: the ratelimit filter runs, but no route has rate_limits: it never calls extauthz", name)
 	}
+	return charges
+}
+
+// checkCharges checks the rate_limits that charge when the stream is done
+// (apply_on_stream_done): each takes its hits from the response
+// (hits_addend), and its descriptor reaches a limit that never refuses a
+// charge (charge: always, its own or its policy's), since Envoy ignores
+// the answer: a refused charge would be lost. It returns how many there
+// are.
+func checkCharges(p *problems, where string, rls []*routev3.RateLimit, dom *rlDomain, sc *sidecarConfig) int {
+	n := 0
+	for i, rl := range rls {
+		if !rl.GetApplyOnStreamDone() {
+			continue
+		}
+		n++
+		if rl.GetHitsAddend().GetFormat() == "" && rl.GetHitsAddend().GetNumber() == nil {
+			p.add("%s: rate_limits[%d] applies on stream done without a hits_addend: it charges one per response, not what the response reported", where, i)
+		}
+		entries, err := entriesOf(rl)
+		if err != nil || dom == nil {
+			continue
+		}
+		if !chargesAlways(dom.Descriptors, entries, sc) {
+			p.add("%s: rate_limits[%d] charges on stream done a descriptor %v whose rate limit is not charge: always (its own or its policy's): a charge past the limit would be refused, and lost", where, i, entries)
+		}
+	}
+	return n
+}
+
+// chargesAlways reports whether the rate limit the entries reach (as
+// describes finds it) is charge: always, or counts in a policy that is.
+func chargesAlways(ds []rlDescriptor, entries []descriptorEntry, sc *sidecarConfig) bool {
+	e := entries[0]
+	for _, d := range ds {
+		if d.Key != e.key || !valueCanMatch(d.Value, e.value) {
+			continue
+		}
+		if len(entries) > 1 {
+			if chargesAlways(d.Descriptors, entries[1:], sc) {
+				return true
+			}
+			continue
+		}
+		if d.RateLimit == nil {
+			continue
+		}
+		if d.RateLimit["charge"] == "always" {
+			return true
+		}
+		if name, _ := d.RateLimit["policy"].(string); name != "" {
+			for _, pol := range sc.Policies {
+				if pol.Name == name && pol.Charge == "always" {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // explicitField reports, for each typed_config of type typeURL in the

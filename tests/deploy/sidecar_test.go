@@ -45,8 +45,9 @@ type sidecarConfig struct {
 		Match struct {
 			Context map[string]string `json:"context"`
 		} `json:"match"`
-		Key  []string `json:"key"`
-		Mode string   `json:"mode"`
+		Key    []string `json:"key"`
+		Mode   string   `json:"mode"`
+		Charge string   `json:"charge"`
 	} `json:"policies"`
 	RLS struct {
 		Domains []string `json:"domains"`

@@ -41,7 +41,11 @@ func (s *Store) calendarArgs(l quota.Limit, args []any) []any {
 
 // decideCalendar is decide for a calendar window: one atomic call.
 func (s *Store) decideCalendar(ctx context.Context, partition string, l quota.Limit, units int64) (quota.Decision, error) {
-	args := s.calendarArgs(l, []any{"take", l.Limit, s.nowArg(time.Microsecond), units})
+	op := "take"
+	if l.Charges(units) {
+		op = "charge"
+	}
+	args := s.calendarArgs(l, []any{op, l.Limit, s.nowArg(time.Microsecond), units})
 	v, err := s.run(ctx, "calendar_window", calendarWindowScript, []string{s.calendarKey(partition)}, args...)
 	if err != nil {
 		return quota.Decision{}, err

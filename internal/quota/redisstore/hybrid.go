@@ -206,6 +206,9 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		}
 		return d, err
 	}
+	if l.Charges(n) {
+		return h.charge(ctx, key, l, n, now)
+	}
 	need := max(n, 1) // a question (n = 0) needs one token in the slice, and spends none
 	ns := now.UnixNano()
 	sh := h.table.Lock(key)
@@ -330,6 +333,63 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 			h.holdLocked(key, e)
 		}
 	}
+}
+
+// charge counts n units of key under l (charge: always) whatever is left.
+// The lease this replica holds pays first: when it covers the charge, no
+// call is made; otherwise its tokens all go to the charge and one exact
+// call charges Redis the rest directly (a bucket's lease retired in the
+// same call), so the lease is spent. Either way every unit is counted
+// once, and what the replicas charge sums to what Redis holds, to the
+// unit. A charge that drains the lease leaves this replica's next
+// question (n = 0) to Redis, which denies it while the count is in debt:
+// a replica stops admitting at its first charge after the budget is
+// spent, or when its lease ends.
+func (h *Hybrid) charge(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
+	ns := now.UnixNano()
+	sh := h.table.Lock(key)
+	e := stateLocked(sh, key)
+	e.lastUsed = ns
+	h.endLeaseLocked(key, e, l, now)
+	if e.flight == nil && e.tokens >= n {
+		e.tokens -= n
+		d := h.allowLocked(e, l, ns)
+		sh.Unlock()
+		return d, nil
+	}
+	var old held
+	if e.flight == nil && e.granted > 0 {
+		// The lease's tokens pay part of the charge: it ends spent.
+		n -= e.tokens
+		old = held{id: e.leaseID, granted: e.granted}
+		e.tokens, e.granted, e.leaseID = 0, 0, 0
+	}
+	sh.Unlock()
+	var d quota.Decision
+	if l.Algorithm == quota.TokenBucket {
+		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: n, need: n, spent: n, charge: true, retire: old})
+		if err != nil {
+			return quota.Decision{}, err
+		}
+		d = quota.Decision{Allowed: true, Limit: l.Limit, Remaining: ls.remaining, ResetAfter: ls.full}
+	} else {
+		// A window's lease ends with its window: a spent one has nothing
+		// to retire.
+		var err error
+		if d, err = h.store.decide(ctx, key, l, n); err != nil {
+			return quota.Decision{}, err
+		}
+	}
+	sh = h.table.Lock(key)
+	if e, ok := sh.Peek(key); ok && !e.evicted {
+		e.remote, e.remoteAt = d.Remaining, ns
+		e.fullAt = ns + int64(d.ResetAfter)
+	}
+	sh.Unlock()
+	if l.OnError == quota.ErrorFallback {
+		h.table.record(key, d.Remaining, now)
+	}
+	return d, nil
 }
 
 // heldBack is the give-back of the lease e holds for key, unspent tokens

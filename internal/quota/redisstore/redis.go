@@ -32,7 +32,7 @@ func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, no
 		if l.OnError == quota.ErrorFallback {
 			debt = r.table.takeDebt(key)
 		}
-		ls, err := r.store.lease(ctx, key, l, leaseAsk{want: n, need: max(n, 1), debt: debt})
+		ls, err := r.store.lease(ctx, key, l, leaseAsk{want: n, need: max(n, 1), debt: debt, spent: n, charge: l.Charges(n)})
 		if err != nil {
 			// Charged again next time: if this call ran after all, the
 			// replicas admit less, never more.
@@ -40,7 +40,7 @@ func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, no
 			return quota.Decision{}, err
 		}
 		d = quota.Decision{
-			Allowed:    ls.granted == n && ls.wait == 0,
+			Allowed:    ls.granted == n && ls.wait == 0, // a charge is granted whole
 			Limit:      l.Limit,
 			Remaining:  ls.remaining,
 			RetryAfter: ls.wait,

@@ -139,9 +139,9 @@ func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, uni
 	var err error
 	switch l.Algorithm {
 	case quota.FixedWindow:
-		v, err = s.run(ctx, "fixed_window", fixedWindowScript, key, windowMicros(l), l.Limit, now, units)
+		v, err = s.run(ctx, "fixed_window", fixedWindowScript, key, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units))
 	case quota.SlidingWindow:
-		v, err = s.run(ctx, "sliding_window", slidingWindowScript, key, windowMicros(l), l.Limit, now, units)
+		v, err = s.run(ctx, "sliding_window", slidingWindowScript, key, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units))
 	case quota.SlidingLog:
 		v, err = s.run(ctx, "sliding_log", slidingLogScript, key, windowMicros(l), l.Limit, nextLogMember(), now, units)
 	case quota.LeakyBucket:
@@ -153,6 +153,15 @@ func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, uni
 		return quota.Decision{}, err
 	}
 	return decisionOf(l.Algorithm.String(), l, v)
+}
+
+// chargeArg is the scripts' charge flag: "1" when a take of units under l
+// is a charge (quota.Limit.Charges), counted whatever is left.
+func chargeArg(l quota.Limit, units int64) string {
+	if l.Charges(units) {
+		return "1"
+	}
+	return ""
 }
 
 // decisionOf reads the reply every deciding script gives: {allowed,

@@ -250,6 +250,9 @@ type leaseAsk struct {
 	peers  int64
 	spent  int64 // of the grant, spent at once by the request in hand: never counted out
 	retire held  // the replica's previous lease of the key, ended by this call
+	// charge grants exactly want whatever is left (charge: always), spent
+	// at once: the level may go below empty.
+	charge bool
 }
 
 // held is a lease a replica ends: its name in Redis, the tokens Redis
@@ -264,7 +267,7 @@ type held struct {
 func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a leaseAsk) (lease, error) {
 	v, err := s.run(ctx, "lease", bucketLease, []string{s.key(partition)},
 		intervalMicros(l), l.Capacity(), a.want, a.need, s.nowArg(time.Microsecond), a.debt,
-		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent, a.spent)
+		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent, a.spent, chargeFlag(a.charge))
 	if err != nil {
 		return lease{}, err
 	}
@@ -280,6 +283,13 @@ func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a le
 		full:      time.Duration(n(3)) * time.Microsecond,
 		id:        n(4),
 	}, nil
+}
+
+func chargeFlag(charge bool) string {
+	if charge {
+		return "1"
+	}
+	return ""
 }
 
 // giveBack returns n unspent tokens to partition's bucket, retiring the
@@ -307,7 +317,7 @@ func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit
 	if l.Algorithm == quota.SlidingWindow {
 		script, name = slidingWindowScript, "sliding_window"
 	}
-	v, err := s.run(ctx, "lease", script, key, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), want, need, peers, back.id, back.unspent)
+	v, err := s.run(ctx, "lease", script, key, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), want, need, peers, back.id, back.unspent, "")
 	if err != nil {
 		return windowLease{}, err
 	}

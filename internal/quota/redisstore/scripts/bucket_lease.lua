@@ -34,6 +34,12 @@
 --          admission now, never counted out. Near the limit a grant is
 --          just the request's cost, so nothing is out and the take is as
 --          exact as redis mode's.
+-- ARGV[13] 1: a charge (charge: always): exactly ARGV[3] tokens, granted
+--          whatever is left, the level going below empty into debt that
+--          refill pays back before anything is granted again. A charge is
+--          spent at once (ARGV[12] = ARGV[3]), never leased: the bound in
+--          bucket_state.lua is about what leases hand out, and a charge
+--          hands out nothing; it only lowers the level. Empty: a take.
 --
 -- Returns {granted, remaining, wait, full, expiry}: tokens granted (fewer
 -- than wanted when fewer remain), tokens left in the bucket afterwards,
@@ -52,6 +58,7 @@ local debt = tonumber(ARGV[6]) or 0
 local life = tonumber(ARGV[7]) or 0
 local peers = tonumber(ARGV[8]) or 0
 local spent = tonumber(ARGV[12]) or 0
+local charge = ARGV[13] == '1' and want > 0
 
 local b = bucket_load(KEYS[1], iv, now)
 -- Refill at the rate in force since ts (bucket_load); from now on, this
@@ -69,7 +76,9 @@ end
 local avail = math.floor(cap - b.used + 1e-9)
 if avail < 0 then avail = 0 end
 local granted = 0
-if avail >= need then
+if charge then
+  granted = want
+elseif avail >= need then
   granted = math.min(want, avail)
   if peers > 0 then granted = math.min(granted, math.max(need, math.floor(avail / (2 * peers)))) end
 end
@@ -91,7 +100,8 @@ if b.dirty then bucket_save(KEYS[1], b, now, keep) end
 -- given back, not refilled.
 local full = math.ceil(math.max(b.used - b.out, 0) * iv)
 if granted > 0 then
-  return {granted, avail - granted, 0, full, expiry}
+  -- In debt after a charge: 0 left, never a negative count.
+  return {granted, math.max(avail - granted, 0), 0, full, expiry}
 end
 local wait = 0
 if avail < need then

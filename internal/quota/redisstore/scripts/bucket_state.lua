@@ -21,6 +21,10 @@
 -- rate × T in any interval T. Every admission spends one unit of X, so
 -- over any interval of length T the replicas together admit at most
 -- capacity + rate × T: one exact bucket's promise, for any lease life.
+-- Charges (charge: always, bucket_lease.lua) are no admissions of this
+-- count: they are spent at once, never leased, and only lower the level,
+-- below empty into debt, which refill must pay before avail (never below
+-- 0) lets a lease hand anything out again; the bound holds as it is.
 --
 -- Advancing replays the expiries in order: between two of them the
 -- bucket refills down to the out in force then, so an expiry never lets

@@ -7,7 +7,8 @@
 --
 -- KEYS[1]  the counter, a hash laid out as window_take.lua's: w = start
 --          of the window counted (µs), c = units admitted in it.
--- ARGV[1]  take or refund
+-- ARGV[1]  take, charge (charge: always: counted whatever the count,
+--          window_take.lua) or refund
 -- ARGV[2]  limit
 -- ARGV[3]  now in µs for tests; empty: Redis TIME, never a replica's clock
 -- ARGV[4]  units (the cost; 0 decides as for one and counts nothing), or
@@ -48,4 +49,4 @@ if ARGV[1] == 'refund' then
   return 0
 end
 
-return window_take(KEYS[1], ws, we, now, n, math.max(n, 1), limit, keep, 0, -1, 0)
+return window_take(KEYS[1], ws, we, now, n, math.max(n, 1), limit, keep, 0, -1, 0, ARGV[1] == 'charge')

@@ -20,6 +20,9 @@
 --          half of what fits over them (never below need); empty or 0: exact
 -- ARGV[7], ARGV[8]  the lease given back: its window's start (µs) and its
 --          unspent units (this window's or the previous one's); empty: none
+-- ARGV[9]  1: a charge (charge: always): the units are counted whatever
+--          the estimate, which may pass the limit; the debt weighs on the
+--          next window as any count does. Empty: a take.
 --
 -- Returns {allowed, remaining, retry, reset, delay, granted, ws, left}: 1
 -- or 0; units that would still fit now; µs until one fits when rejected
@@ -62,10 +65,11 @@ end
 
 -- estimate + n <= limit, multiplied through by w to stay in integers:
 -- p*(w-e)/w + c + n <= limit.
-if p * (w - e) + (c + spend) * w <= limit * w then
+local charge = ARGV[9] == '1' and n > 0
+if charge or p * (w - e) + (c + spend) * w <= limit * w then
   local reset = 2 * w - e
   local granted = n
-  if peers > 0 then
+  if peers > 0 and not charge then
     local room = math.floor((limit * w - p * (w - e)) / w) - c
     granted = math.min(n, math.max(spend, math.floor(room / (2 * peers))))
   end
@@ -81,7 +85,7 @@ if p * (w - e) + (c + spend) * w <= limit * w then
     -- This window's count weighs on the next one; after that it is gone.
     redis.call('PEXPIRE', KEYS[1], math.max(math.ceil((2 * w - e) / 1000) + 1, keep))
   end
-  return {1, math.floor((limit * w - p * (w - e) - c * w) / w), 0, reset, 0, granted, ws, w - e}
+  return {1, math.max(math.floor((limit * w - p * (w - e) - c * w) / w), 0), 0, reset, 0, granted, ws, w - e}
 end
 if dirty then
   redis.call('HSET', KEYS[1], 'w', string.format('%d', ws), 'p', string.format('%d', p), 'c', string.format('%d', c))

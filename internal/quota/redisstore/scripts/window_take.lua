@@ -15,14 +15,17 @@
 -- units of a lease in the window starting at back_ws, not spent, are
 -- given back first. A lease dies with its window, so a count leased in
 -- one is never spent in the next: the window's count, leases included,
--- never passes its limit.
+-- never passes its limit (but by charges, below).
+--
+-- charge (charge: always) counts want units whatever the count: it may
+-- pass the limit, and the window's end forgives what went past it.
 --
 -- Returns {allowed, remaining, retry, reset, delay, granted, ws, left}: 1
 -- or 0; units left in this window; µs until the window ends when rejected
 -- (else 0); µs until the window ends; 0 (no algorithm but the leaky bucket
 -- holds requests); units taken; the window's start (µs), the lease's name;
 -- µs until it ends, the lease's life.
-local function window_take(key, ws, we, now, want, need, limit, keep, peers, back_ws, back)
+local function window_take(key, ws, we, now, want, need, limit, keep, peers, back_ws, back, charge)
   local left = we - now
   local st = redis.call('HMGET', key, 'w', 'c')
   local c = 0
@@ -34,7 +37,11 @@ local function window_take(key, ws, we, now, want, need, limit, keep, peers, bac
   end
   local granted = 0
   local room = limit - c
-  if room >= need then
+  if charge and want > 0 then
+    granted = want
+    c = c + want
+    dirty = true
+  elseif room >= need then
     granted = want
     if peers > 0 then granted = math.min(want, math.max(need, math.floor(room / (2 * peers)))) end
     c = c + granted
@@ -45,6 +52,6 @@ local function window_take(key, ws, we, now, want, need, limit, keep, peers, bac
     -- The count means nothing once its window is over.
     redis.call('PEXPIRE', key, math.max(math.ceil(left / 1000) + 1, keep))
   end
-  if room >= need then return {1, limit - c, 0, left, 0, granted, ws, left} end
+  if granted > 0 or room >= need then return {1, math.max(limit - c, 0), 0, left, 0, granted, ws, left} end
   return {0, 0, left, left, 0, 0, ws, left}
 end
