@@ -200,7 +200,7 @@ func leases(l quota.Limit) bool {
 // Take implements Limiter.
 func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
 	if !leases(l) {
-		d, err := h.store.decide(ctx, key, l, n)
+		d, err := h.store.decide(ctx, key, l, n, 0) // no lease: no fallback debt kept either
 		if err == nil && l.OnError == quota.ErrorFallback {
 			h.table.record(key, d.Remaining, now)
 		}
@@ -275,7 +275,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		f := &flight{done: make(chan struct{})}
 		e.flight = f
 		var debt int64
-		if l.Algorithm == quota.TokenBucket {
+		if owesFallback(l) {
 			debt, e.debt = e.debt, 0 // fallback admissions, charged with this lease
 		}
 		peers := max(h.peers.Count(), 1)
@@ -376,7 +376,7 @@ func (h *Hybrid) charge(ctx context.Context, key string, l quota.Limit, n int64,
 		// A window's lease ends with its window: a spent one has nothing
 		// to retire.
 		var err error
-		if d, err = h.store.decide(ctx, key, l, n); err != nil {
+		if d, err = h.store.decide(ctx, key, l, n, 0); err != nil {
 			return quota.Decision{}, err
 		}
 	}

@@ -48,18 +48,9 @@ func (s *Store) stateKey(partition string, l quota.Limit) string {
 // peek is the decision one unit of partition would get under l now,
 // spending nothing: a question to the limit's own script.
 func (s *Store) peek(ctx context.Context, partition string, l quota.Limit) (quota.Inspection, error) {
-	var d quota.Decision
-	if l.Algorithm == quota.TokenBucket {
-		ls, err := s.lease(ctx, partition, l, leaseAsk{want: 0, need: 1})
-		if err != nil {
-			return quota.Inspection{}, err
-		}
-		d = quota.Decision{Allowed: ls.wait == 0, Limit: l.Limit, Remaining: ls.remaining, RetryAfter: ls.wait, ResetAfter: ls.full}
-	} else {
-		var err error
-		if d, err = s.decide(ctx, partition, l, 0); err != nil {
-			return quota.Inspection{}, err
-		}
+	d, err := s.decide(ctx, partition, l, 0, 0)
+	if err != nil {
+		return quota.Inspection{}, err
 	}
 	return quota.Inspection{Decision: d, Keys: []string{s.stateKey(partition, l)}}, nil
 }

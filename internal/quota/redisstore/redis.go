@@ -26,31 +26,16 @@ func NewRedis(store *Store, table *Table) *Redis { return &Redis{store: store, t
 // Take implements quota.Limiter. The decision is made at Redis TIME; now
 // only stamps the level kept for a fallback.
 func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
-	var d quota.Decision
-	if l.Algorithm == quota.TokenBucket {
-		var debt int64
-		if l.OnError == quota.ErrorFallback {
-			debt = r.table.takeDebt(key)
-		}
-		ls, err := r.store.lease(ctx, key, l, leaseAsk{want: n, need: max(n, 1), debt: debt, spent: n, charge: l.Charges(n)})
-		if err != nil {
-			// Charged again next time: if this call ran after all, the
-			// replicas admit less, never more.
-			r.table.Owe(key, debt)
-			return quota.Decision{}, err
-		}
-		d = quota.Decision{
-			Allowed:    ls.granted == n && ls.wait == 0, // a charge is granted whole
-			Limit:      l.Limit,
-			Remaining:  ls.remaining,
-			RetryAfter: ls.wait,
-			ResetAfter: ls.full,
-		}
-	} else {
-		var err error
-		if d, err = r.store.decide(ctx, key, l, n); err != nil {
-			return quota.Decision{}, err
-		}
+	var debt int64
+	if owesFallback(l) {
+		debt = r.table.takeDebt(key)
+	}
+	d, err := r.store.decide(ctx, key, l, n, debt)
+	if err != nil {
+		// Charged again next time: if this call ran after all, the
+		// replicas admit less, never more.
+		r.table.Owe(key, debt)
+		return quota.Decision{}, err
 	}
 	if l.OnError == quota.ErrorFallback {
 		// One table operation beside a Redis round trip.
@@ -61,8 +46,5 @@ func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, no
 
 // Refund implements quota.Limiter.
 func (r *Redis) Refund(ctx context.Context, key string, l quota.Limit, n int64, _ time.Time) error {
-	if l.Algorithm != quota.TokenBucket {
-		return r.store.refund(ctx, key, l, n)
-	}
-	return r.store.giveBack(ctx, key, n, held{})
+	return r.store.refund(ctx, key, l, n)
 }

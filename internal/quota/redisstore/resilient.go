@@ -135,7 +135,7 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 	if err != nil {
 		return quota.Decision{}, err
 	}
-	if d.Allowed && l.Algorithm == quota.TokenBucket {
+	if d.Allowed && owesFallback(l) {
 		r.levels.Owe(key, n) // charged to the Redis bucket when it answers again
 	}
 	d.Degraded = quota.DegradedFallback
@@ -152,4 +152,14 @@ func (r *Resilient) Refund(ctx context.Context, key string, l quota.Limit, n int
 	// debt too high only makes the replicas admit less, never more.
 	r.fallback.Refund(key, l, n, r.peers.Count(), now)
 	return nil
+}
+
+// owesFallback says whether what the fallback admits for a key under l is
+// owed to its Redis count, charged with the key's next call once Redis
+// answers: a token bucket's, whose level carries on; not a window's, whose
+// fallback count ends with its window (its Redis count is the window's
+// own). The one place that rule is written: redis mode, hybrid leases and
+// the fallback all ask here.
+func owesFallback(l quota.Limit) bool {
+	return l.Algorithm == quota.TokenBucket && l.OnError == quota.ErrorFallback
 }

@@ -126,12 +126,28 @@ func nextLogMember() string {
 	return logMembers.prefix + "-" + strconv.FormatUint(logMembers.seq.Add(1), 36)
 }
 
-// decide runs the script of l's algorithm for partition, for units (the
-// request's cost; 0 asks without spending): one atomic call.
-// The token bucket goes through bucket_lease.lua (see Redis.Take).
-func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, units int64) (quota.Decision, error) {
+// decide is one exact decision for units of partition under l (the
+// request's cost; 0 asks without spending), whatever the algorithm: one
+// atomic call of its script. This is where a limit's algorithm picks its
+// script; redis mode, the counters API and hybrid's limits that do not
+// lease all decide here. debt (a token bucket's; see owesFallback) is
+// charged to the bucket first.
+func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, units, debt int64) (quota.Decision, error) {
 	if l.Calendar != nil {
 		return s.decideCalendar(ctx, partition, l, units)
+	}
+	if l.Algorithm == quota.TokenBucket {
+		ls, err := s.lease(ctx, partition, l, leaseAsk{want: units, need: max(units, 1), debt: debt, spent: units, charge: l.Charges(units)})
+		if err != nil {
+			return quota.Decision{}, err
+		}
+		return quota.Decision{
+			Allowed:    ls.granted == units && ls.wait == 0, // a charge is granted whole
+			Limit:      l.Limit,
+			Remaining:  ls.remaining,
+			RetryAfter: ls.wait,
+			ResetAfter: ls.full,
+		}, nil
 	}
 	key := []string{s.algorithmKey(partition, l.Algorithm)}
 	now := s.nowArg(time.Microsecond)
@@ -188,6 +204,9 @@ func decisionOf(script string, l quota.Limit, v any) (quota.Decision, error) {
 func (s *Store) refund(ctx context.Context, partition string, l quota.Limit, units int64) error {
 	if l.Calendar != nil {
 		return s.refundCalendar(ctx, partition, l, units)
+	}
+	if l.Algorithm == quota.TokenBucket {
+		return s.giveBack(ctx, partition, units, held{})
 	}
 	key := []string{s.algorithmKey(partition, l.Algorithm)}
 	now := s.nowArg(time.Microsecond)
