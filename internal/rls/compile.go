@@ -236,6 +236,7 @@ func (c *compiled) rule(d *rlsconfig.Descriptor, stat string, dom *rlsconfig.Dom
 			Algorithm:    l.Algorithm,
 			Mode:         l.Mode,
 			OnRedisError: l.OnRedisError,
+			BlockFor:     l.BlockFor,
 			Shadow:       d.Shadow,
 			Queue:        l.Queue,
 			MaxDelay:     l.MaxDelay,
