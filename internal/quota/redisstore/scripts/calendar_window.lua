@@ -49,4 +49,4 @@ if ARGV[1] == 'refund' then
   return 0
 end
 
-return window_take(KEYS[1], ws, we, now, n, math.max(n, 1), limit, keep, 0, -1, 0, ARGV[1] == 'charge')
+return window_take(KEYS[1], ws, we, now, n, math.max(n, 1), limit, keep, 0, -1, 0, ARGV[1] == 'charge', 0)
