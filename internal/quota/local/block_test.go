@@ -93,3 +93,29 @@ func TestPenaltyBoxChargesAndNone(t *testing.T) {
 		t.Fatalf("without block_for: %+v, want the bucket's own wait", d)
 	}
 }
+
+// While Redis is unreachable the fallback decides blocks locally, on the
+// replica's share: the denial of the share's last unit blocks the key for
+// the policy's whole BlockFor, and clients are told the policy's limit.
+func TestPenaltyBoxInTheFallback(t *testing.T) {
+	table, _ := NewTable(100)
+	f := NewFallback(table)
+	l := quota.Limit{Algorithm: quota.TokenBucket, Limit: 6, Window: 6 * time.Second, BlockFor: 30 * time.Second}
+	var denied quota.Decision
+	for i := 0; i < 4; i++ {
+		d, err := f.Take("k", l, 1, 3, at(0), nil, StartFresh, at(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed {
+			denied = d
+			break
+		}
+	}
+	if denied.RetryAfter != 30*time.Second || denied.Limit != 6 {
+		t.Fatalf("the fallback's denial of a share of 2: %+v, want a block of 30s under the limit of 6", denied)
+	}
+	if d, _ := f.Take("k", l, 0, 3, at(20*time.Second), nil, StartFresh, at(0)); d.Allowed || d.RetryAfter != 10*time.Second {
+		t.Fatalf("a question 20s into the block: %+v, want denied for 10s", d)
+	}
+}
