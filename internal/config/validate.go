@@ -548,8 +548,6 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 	case r.BlockFor == "":
 	case p.Unlimited:
 		errs.add(path+".block_for", "an unlimited policy never denies, so nothing starts a block; remove it")
-	case r.Calendar:
-		errs.add(path+".block_for", "does not apply to calendar windows; use a window given as a duration")
 	case r.Shadow:
 		c.Warnings = append(c.Warnings, fmt.Sprintf("%s.block_for: has no effect with shadow: true (a shadow denial never blocks)", path))
 	}

@@ -22,6 +22,9 @@ var blockLimits = []quota.Limit{
 	{Algorithm: quota.FixedWindow, Limit: 10, Window: 2 * time.Second, BlockFor: 3 * time.Second},
 	{Algorithm: quota.SlidingWindow, Limit: 10, Window: 2 * time.Second, BlockFor: 3 * time.Second},
 	{Algorithm: quota.TokenBucket, Limit: 100, Window: 10 * time.Second, Overdraft: true, BlockFor: 3 * time.Second},
+	// Calendar windows of a day: the blocks are shorter than a window, so
+	// a day's count, once spent, blocks again at each block's end.
+	{Algorithm: quota.FixedWindow, Limit: 40, Window: 24 * time.Hour, Calendar: quota.NewCalendar(quota.Day, time.UTC), BlockFor: 3 * time.Second},
 }
 
 // The scripts keep the penalty box as the Go state does, on the same
