@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/httpauth"
@@ -130,6 +131,9 @@ func rlsFlags(d *rlsconfig.Descriptor, l *rlsconfig.RateLimit) string {
 	}
 	if l.Charge == config.ChargeAlways {
 		f = append(f, "charge=always")
+	}
+	if l.BlockFor > 0 {
+		f = append(f, "block_for="+shortDuration(l.BlockFor))
 	}
 	if !l.Unlimited && l.Mode != config.ModeLocal {
 		f = append(f, "on_redis_error="+string(l.OnRedisError))
@@ -311,6 +315,19 @@ var calendarNames = map[config.Period]string{
 	config.PeriodDay: "day", config.PeriodWeek: "week", config.PeriodMonth: "month", config.PeriodYear: "year",
 }
 
+// shortDuration writes d as it is configured: 10m, 1h30m, 90s rather
+// than 10m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
 func describeFlags(p config.Policy) string {
 	var f []string
 	if p.Shadow {
@@ -324,6 +341,9 @@ func describeFlags(p config.Policy) string {
 	}
 	if p.Charge == config.ChargeAlways {
 		f = append(f, "charge=always")
+	}
+	if p.BlockFor > 0 {
+		f = append(f, "block_for="+shortDuration(p.BlockFor))
 	}
 	if p.Cost != (config.Cost{Units: 1}) {
 		f = append(f, "cost="+p.Cost.String())

@@ -269,7 +269,10 @@ type Policy struct {
 	// Charge: always makes the policy's takes never refused (see
 	// ChargeAlways); its Check asks with 0 units, and the rate limit
 	// service charges it after the response. ChargeRequest otherwise.
-	Charge       Charge
+	Charge Charge
+	// BlockFor is the penalty box: after a denial, the key is denied for
+	// this long on every replica (quota.Limit.BlockFor). Zero: none.
+	BlockFor     time.Duration
 	OnMissingKey OnMissingKey
 	Shadow       bool
 	// Calendar aligns the windows to the calendar of TimeZone: Period

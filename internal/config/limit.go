@@ -24,6 +24,7 @@ type LimitFields struct {
 	Mode         string
 	OnRedisError string
 	Charge       string
+	BlockFor     string
 	// Counts are what the limit admits per window: its own, or for a
 	// policy of limit: plan each plan's.
 	Counts []LimitCount
@@ -71,7 +72,16 @@ type LimitSettings struct {
 	Mode         Mode // "" when the mode given is not one
 	OnRedisError OnRedisError
 	Charge       Charge
+	BlockFor     time.Duration // 0: no penalty box
 }
+
+// The bounds of block_for: a block shorter than a second is below what
+// Retry-After can say (whole seconds); a day is longer than any limit's
+// penalty should outlast a mistake, and keeps blocked keys' TTLs bounded.
+const (
+	minBlockFor = time.Second
+	maxBlockFor = 24 * time.Hour
+)
 
 // modeChoices lists the modes in messages.
 const modeChoices = "local, redis, hybrid"
@@ -125,7 +135,35 @@ func ValidateLimit(f *LimitFields, path string, place *LimitPlace, errs *Errors)
 		}
 	}
 	s.Charge = validateCharge(f.Charge, s.Algorithm, path+".charge", errs)
+	s.BlockFor = validateBlockFor(f.BlockFor, s.Algorithm, path+".block_for", errs)
 	return s
+}
+
+// validateBlockFor checks block_for, the penalty box, which the algorithms
+// whose state is one hash in Redis hold beside their count (the block's
+// end is a field of it, set by the call that denies).
+func validateBlockFor(v string, a Algorithm, path string, errs *Errors) time.Duration {
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	switch {
+	case err != nil:
+		errs.add(path, "%q is not a duration (like 30s, 10m, 1h)", v)
+		return 0
+	case d < minBlockFor || d > maxBlockFor:
+		errs.add(path, "%q must be between %s and %s", v, minBlockFor, maxBlockFor)
+		return 0
+	}
+	switch a {
+	case TokenBucket, FixedWindow, SlidingWindow:
+		return d
+	case SlidingLog:
+		errs.add(path, "does not apply to sliding_log, whose Redis state is a log of instants with no place for a block; use token_bucket, fixed_window or sliding_window")
+	case LeakyBucket:
+		errs.add(path, "does not apply to leaky_bucket, which shapes traffic into slots rather than denying a key outright; use token_bucket, fixed_window or sliding_window")
+	}
+	return 0
 }
 
 // validateCharge checks charge, which only the algorithms that can hold a

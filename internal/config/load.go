@@ -151,6 +151,7 @@ type rawPolicy struct {
 	Mode         string   `yaml:"mode"`
 	OnRedisError string   `yaml:"on_redis_error"`
 	Charge       string   `yaml:"charge"`
+	BlockFor     string   `yaml:"block_for"`
 	OnMissingKey string   `yaml:"on_missing_key"`
 	Shadow       bool     `yaml:"shadow"`
 	Cost         rawCost  `yaml:"cost"`

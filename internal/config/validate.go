@@ -534,6 +534,7 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 	}
 	limit := validatePolicyLimit(r, path, &p, c, errs)
 	p.Algorithm, p.Queue, p.MaxDelay, p.Mode, p.OnRedisError, p.Charge = limit.Algorithm, limit.Queue, limit.MaxDelay, limit.Mode, limit.OnRedisError, limit.Charge
+	p.BlockFor = limit.BlockFor
 	validateCalendar(r, path, &p, c, errs)
 	warnLeakyBucket(path, &p, c)
 	validateCost(&r.Cost, path+".cost", &p, c, errs)
@@ -542,6 +543,13 @@ func validatePolicy(r *rawPolicy, path string, c *Config, errs *Errors) Policy {
 		errs.add(path+".cost", "does not apply to charge: always: Check cannot see the response, so it only asks whether budget is left (0 units); charge the units through the rate limit service (a descriptor with rate_limit.policy: %s and Envoy's apply_on_stream_done); remove cost", p.Name)
 	case p.Charge == ChargeAlways && p.Unlimited:
 		errs.add(path+".charge", "an unlimited policy keeps no count to charge; remove it")
+	}
+	switch {
+	case r.BlockFor == "":
+	case p.Unlimited:
+		errs.add(path+".block_for", "an unlimited policy never denies, so nothing starts a block; remove it")
+	case r.Shadow:
+		c.Warnings = append(c.Warnings, fmt.Sprintf("%s.block_for: has no effect with shadow: true (a shadow denial never blocks)", path))
 	}
 
 	if r.OnMissingKey != "" {
@@ -608,7 +616,7 @@ func validatePolicyLimit(r *rawPolicy, path string, p *Policy, c *Config, errs *
 	if r.Calendar {
 		place.DefaultAlgorithm = FixedWindow
 	}
-	f := LimitFields{Algorithm: r.Algorithm, Burst: r.Burst, Queue: r.Queue, MaxDelay: r.MaxDelay, Mode: r.Mode, OnRedisError: r.OnRedisError, Charge: r.Charge}
+	f := LimitFields{Algorithm: r.Algorithm, Burst: r.Burst, Queue: r.Queue, MaxDelay: r.MaxDelay, Mode: r.Mode, OnRedisError: r.OnRedisError, Charge: r.Charge, BlockFor: r.BlockFor}
 	if p.UsePlan {
 		for _, name := range sortedKeys(c.Plans) {
 			plan := c.Plans[name]

@@ -241,9 +241,19 @@ func compileLimit(p config.Policy, n int64, window time.Duration, burst int64, c
 			MaxDelay:  p.MaxDelay,
 			Calendar:  cal,
 			Overdraft: p.Charge == config.ChargeAlways,
+			BlockFor:  blockFor(p),
 		},
 		Header: policyHeader(p.Name, n, window),
 	}
+}
+
+// blockFor is p's penalty box: none for a shadow policy, whose denials
+// are observed, never enforced.
+func blockFor(p config.Policy) time.Duration {
+	if p.Shadow {
+		return 0
+	}
+	return p.BlockFor
 }
 
 // newUnlimited is the limit of an unlimited policy or plan of p, numbered

@@ -87,6 +87,15 @@ type Limit struct {
 	// is left. It is for counts known only after the fact, such as the
 	// tokens a response reported.
 	Overdraft bool
+	// BlockFor (block_for; token bucket and the window counters) is the
+	// penalty box: a take or question that this limit denies (never a
+	// charge) blocks the key for this long, and every take and question
+	// meanwhile is denied with the block's end as RetryAfter and
+	// ResetAfter, counting nothing. Denials during a block do not extend
+	// it. The block does not touch the algorithm's count: when it ends,
+	// counting resumes as the count says. Zero: no block (a shadow
+	// policy's denials never block).
+	BlockFor time.Duration
 }
 
 // Charges reports whether a take of n units under l is a charge: counted

@@ -22,6 +22,7 @@ func Share(l Limit, peers int64) Limit {
 		OnError:   l.OnError,
 		Calendar:  l.Calendar,
 		Overdraft: l.Overdraft,
+		BlockFor:  l.BlockFor,
 	}
 	if l.Algorithm == TokenBucket {
 		fl.Burst = max(l.Capacity()/peers, 1)

@@ -3,6 +3,7 @@ package quota
 import (
 	"fmt"
 	"slices"
+	"time"
 )
 
 // State is one key's count under one algorithm: the whole of what local
@@ -18,6 +19,9 @@ type State struct {
 	// it was computed with.
 	tat int64
 	iv  int64
+	// until is the end of the key's penalty box (Limit.BlockFor), unix
+	// ns; 0 or past: not blocked.
+	until int64
 	// counts holds the window counters and the sliding log, allocated
 	// only for those algorithms so the buckets' states stay small.
 	counts *counts
@@ -33,10 +37,37 @@ type counts struct {
 // Take decides n units of l at ns (unix nanoseconds) with the algorithm l
 // names, all or none (n = 0: as for one, counting nothing). A state last
 // used with another algorithm (a reload changed it) starts again empty.
+//
+// A key in its penalty box (Limit.BlockFor) is denied until the block's
+// end, its count untouched; a denial under a limit with a BlockFor puts it
+// there. A charge is counted whatever the block: it records units already
+// served.
 func (s *State) Take(l Limit, n, ns int64) (Decision, error) {
 	if s.alg != l.Algorithm {
 		s.reset(l.Algorithm)
 	}
+	if s.until > ns && !l.Charges(n) {
+		return blocked(l, time.Duration(s.until-ns)), nil
+	}
+	d, err := s.take(l, n, ns)
+	if err == nil && !d.Allowed && l.BlockFor > 0 && !l.Charges(n) {
+		// A block once set is not extended by the denials during it
+		// (the check above answers them): it ends BlockFor after the
+		// denial that set it, as Cloudflare's mitigation timeout does.
+		s.until = ns + int64(l.BlockFor)
+		return blocked(l, l.BlockFor), nil
+	}
+	return d, err
+}
+
+// blocked is the decision for a key whose penalty box ends left from now:
+// nothing remaining until then, and both waits are the block's end.
+func blocked(l Limit, left time.Duration) Decision {
+	return Decision{Limit: l.Limit, RetryAfter: left, ResetAfter: left}
+}
+
+// take decides n units of l at ns with l's algorithm.
+func (s *State) take(l Limit, n, ns int64) (Decision, error) {
 	var d Decision
 	switch l.Algorithm {
 	case TokenBucket, LeakyBucket:

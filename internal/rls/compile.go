@@ -236,9 +236,12 @@ func (c *compiled) rule(d *rlsconfig.Descriptor, stat string, dom *rlsconfig.Dom
 			Algorithm:    l.Algorithm,
 			Mode:         l.Mode,
 			OnRedisError: l.OnRedisError,
-			Shadow:       d.Shadow,
-			Queue:        l.Queue,
-			MaxDelay:     l.MaxDelay,
+			BlockFor:     l.BlockFor,
+			Charge:       l.Charge,
+
+			Shadow:   d.Shadow,
+			Queue:    l.Queue,
+			MaxDelay: l.MaxDelay,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %s: %w", dom.File, path, err)

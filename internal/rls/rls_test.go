@@ -834,3 +834,30 @@ func TestSeveralLimitsLegacyHeaders(t *testing.T) {
 		t.Fatalf("the daily's headers: %v", h)
 	}
 }
+
+// A descriptor's own charge: always is a limit that charges: a stream-done
+// descriptor charging more than remains is counted whole (into debt) and
+// answered OK, and a question (hits 0) after it is over the limit.
+func TestDescriptorChargeAlways(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "llm.yaml", `domain: llm
+descriptors:
+  - key: tenant
+    rate_limit: {unit: day, requests_per_unit: 1000, algorithm: token_bucket, charge: always}
+`)
+	f := newFixture(t, "", dir)
+	acme := func(hits uint64) *rlsv3.RateLimitRequest {
+		d := desc("tenant", "acme")
+		d.HitsAddend = wrapU64(hits)
+		return &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}
+	}
+	if resp := f.callReq(acme(0)); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("a question with the budget whole: %v", resp)
+	}
+	if resp := f.callReq(acme(1200)); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("a charge of 1200 against 1000: %v, want OK (a charge is never refused)", resp)
+	}
+	if resp := f.callReq(acme(0)); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("a question 200 in debt: %v, want OVER_LIMIT", resp)
+	}
+}

@@ -48,6 +48,7 @@ type rawRateLimit struct {
 	Queue        *int64 `yaml:"queue"`
 	MaxDelay     string `yaml:"max_delay"`
 	Charge       string `yaml:"charge"`
+	BlockFor     string `yaml:"block_for"`
 	Policy       string `yaml:"policy"`
 }
 
@@ -238,7 +239,7 @@ func (v *validator) rateLimit(r *rawRateLimit, path string, depth int) *RateLimi
 			{"unit", r.Unit != ""}, {"unit_multiplier", r.UnitMultiplier != nil}, {"window", r.Window != ""},
 			{"algorithm", r.Algorithm != ""}, {"mode", r.Mode != ""},
 			{"on_redis_error", r.OnRedisError != ""}, {"burst", r.Burst != 0}, {"queue", r.Queue != nil}, {"max_delay", r.MaxDelay != ""},
-			{"charge", r.Charge != ""},
+			{"charge", r.Charge != ""}, {"block_for", r.BlockFor != ""},
 		} {
 			if f.set {
 				v.errs.Add(path+"."+f.name, "has no meaning with unlimited: true")
@@ -268,10 +269,11 @@ func (v *validator) rateLimit(r *rawRateLimit, path string, depth int) *RateLimi
 		Mode:         r.Mode,
 		OnRedisError: r.OnRedisError,
 		Charge:       r.Charge,
+		BlockFor:     r.BlockFor,
 		Counts:       []config.LimitCount{{N: l.RequestsPerUnit, Window: l.Window}},
 	}, path, &v.place, v.errs)
 	l.Algorithm, l.Burst, l.Queue, l.MaxDelay, l.Mode, l.OnRedisError = set.Algorithm, r.Burst, set.Queue, set.MaxDelay, set.Mode, set.OnRedisError
-	l.Charge = set.Charge
+	l.Charge, l.BlockFor = set.Charge, set.BlockFor
 	return l
 }
 
@@ -373,6 +375,7 @@ func (v *validator) sharedPolicy(r *rawRateLimit, l *RateLimit, path string, dep
 		{"requests_per_unit", r.RequestsPerUnit != nil}, {"unlimited", r.Unlimited},
 		{"algorithm", r.Algorithm != ""}, {"mode", r.Mode != ""}, {"on_redis_error", r.OnRedisError != ""},
 		{"burst", r.Burst != 0}, {"queue", r.Queue != nil}, {"max_delay", r.MaxDelay != ""}, {"charge", r.Charge != ""},
+		{"block_for", r.BlockFor != ""},
 	} {
 		if f.set {
 			v.errs.Add(path+"."+f.name, "comes from policy %s with policy: set; remove it", r.Policy)
@@ -396,6 +399,7 @@ func (v *validator) sharedPolicy(r *rawRateLimit, l *RateLimit, path string, dep
 			}
 		}
 		l.Algorithm, l.Mode, l.OnRedisError, l.Charge = p.Algorithm, p.Mode, p.OnRedisError, p.Charge
+		l.BlockFor = p.BlockFor
 	}
 }
 

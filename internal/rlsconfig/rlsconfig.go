@@ -117,6 +117,9 @@ type RateLimit struct {
 	// Charge: always counts every descriptor's hits, even past the limit
 	// (into debt), refusing none; hits 0 asks whether any is left.
 	Charge config.Charge
+	// BlockFor is the penalty box (block_for): after a denial the
+	// descriptor's key is denied this long. Zero: none.
+	BlockFor time.Duration
 	// Policy, when set, names the main configuration's policy whose
 	// bucket this rate limit counts in, whole: its limit, window,
 	// algorithm, mode and charge (copied above), and its partition key,

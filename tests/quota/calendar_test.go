@@ -132,7 +132,7 @@ func TestCalendarScriptDecidesByRedisTime(t *testing.T) {
 	us := func(ns int64) int64 { return ns / 1000 }
 	bounds := []any{us(b.Prev), us(b.Start), us(b.End), us(b.Next)}
 	take := func(now time.Time) []int64 {
-		args := append([]any{"take", 2, us(now.UnixNano()), 1}, bounds...)
+		args := append([]any{"take", 2, us(now.UnixNano()), 1, ""}, bounds...)
 		return runScript(t, rdb, "calendar_window", []string{"rl:{cal}:cal"}, args...)
 	}
 	yesterday, today := time.Date(2026, 10, 24, 21, 59, 59, 0, time.UTC), time.Date(2026, 10, 24, 22, 0, 1, 0, time.UTC)
@@ -147,7 +147,7 @@ func TestCalendarScriptDecidesByRedisTime(t *testing.T) {
 	if wantReset := us(b.Next) - us(today.UnixNano()); r[0] != 1 || r[1] != 1 || r[3] != wantReset {
 		t.Fatalf("today: %v, want allowed, 1 left, reset in %dµs", r, wantReset)
 	}
-	args := append([]any{"take", 2, us(time.Date(2026, 10, 27, 0, 0, 0, 0, time.UTC).UnixNano()), 1}, bounds...)
+	args := append([]any{"take", 2, us(time.Date(2026, 10, 27, 0, 0, 0, 0, time.UTC).UnixNano()), 1, ""}, bounds...)
 	err := rdb.Eval(context.Background(), scriptSource(t, "calendar_window"), []string{"rl:{cal}:cal"}, args...).Err()
 	if err == nil || !strings.Contains(err.Error(), "outside the windows sent") {
 		t.Fatalf("Redis time two days on: %v, want an error", err)

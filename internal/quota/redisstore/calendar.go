@@ -45,7 +45,7 @@ func (s *Store) decideCalendar(ctx context.Context, partition string, l quota.Li
 	if l.Charges(units) {
 		op = "charge"
 	}
-	args := s.calendarArgs(l, []any{op, l.Limit, s.nowArg(time.Microsecond), units})
+	args := s.calendarArgs(l, []any{op, l.Limit, s.nowArg(time.Microsecond), units, blockMicros(l)})
 	v, err := s.run(ctx, "calendar_window", calendarWindowScript, []string{s.calendarKey(partition)}, args...)
 	if err != nil {
 		return quota.Decision{}, err
@@ -56,7 +56,7 @@ func (s *Store) decideCalendar(ctx context.Context, partition string, l quota.Li
 // refundCalendar gives units back to the calendar window holding Redis
 // TIME; units counted in a window that has since ended are gone with it.
 func (s *Store) refundCalendar(ctx context.Context, partition string, l quota.Limit, units int64) error {
-	args := s.calendarArgs(l, []any{"refund", l.Limit, s.nowArg(time.Microsecond), units})
+	args := s.calendarArgs(l, []any{"refund", l.Limit, s.nowArg(time.Microsecond), units, ""})
 	_, err := s.run(ctx, "refund", calendarWindowScript, []string{s.calendarKey(partition)}, args...)
 	return err
 }

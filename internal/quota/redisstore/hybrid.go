@@ -55,6 +55,15 @@ import (
 // time: the first request leases while the others wait for it, and the
 // next lease is sized for all of them.
 //
+// A penalty box (quota.Limit.BlockFor) lives in Redis, beside the count:
+// the lease call that finds too little sets it, and no lease is granted
+// while it lasts, its end being the wait a replica caches as its denial.
+// Leases granted before it are not recalled: a replica may spend what it
+// held when the block began, units counted against the limit when they
+// were leased, so the block never lets the replicas admit past the limit
+// (a slice per replica at most; about a request each when every replica
+// spent up to the limit).
+//
 // What a replica holds unspent goes back to Redis when it retires the
 // lease with its next one, when the key is evicted, at shutdown, and
 // after SliceIdle unused when the bucket was last seen below half full

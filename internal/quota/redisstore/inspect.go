@@ -48,6 +48,7 @@ func (s *Store) stateKey(partition string, l quota.Limit) string {
 // peek is the decision one unit of partition would get under l now,
 // spending nothing: a question to the limit's own script.
 func (s *Store) peek(ctx context.Context, partition string, l quota.Limit) (quota.Inspection, error) {
+	l.BlockFor = 0 // reading a count denied must not block it; a block set is reported all the same
 	d, err := s.decide(ctx, partition, l, 0, 0)
 	if err != nil {
 		return quota.Inspection{}, err

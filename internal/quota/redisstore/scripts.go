@@ -155,9 +155,9 @@ func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, uni
 	var err error
 	switch l.Algorithm {
 	case quota.FixedWindow:
-		v, err = s.run(ctx, "fixed_window", fixedWindowScript, key, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units))
+		v, err = s.run(ctx, "fixed_window", fixedWindowScript, key, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units), blockMicros(l))
 	case quota.SlidingWindow:
-		v, err = s.run(ctx, "sliding_window", slidingWindowScript, key, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units))
+		v, err = s.run(ctx, "sliding_window", slidingWindowScript, key, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units), blockMicros(l))
 	case quota.SlidingLog:
 		v, err = s.run(ctx, "sliding_log", slidingLogScript, key, windowMicros(l), l.Limit, nextLogMember(), now, units)
 	case quota.LeakyBucket:

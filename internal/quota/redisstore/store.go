@@ -267,7 +267,7 @@ type held struct {
 func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a leaseAsk) (lease, error) {
 	v, err := s.run(ctx, "lease", bucketLease, []string{s.key(partition)},
 		intervalMicros(l), l.Capacity(), a.want, a.need, s.nowArg(time.Microsecond), a.debt,
-		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent, a.spent, chargeFlag(a.charge))
+		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent, a.spent, chargeFlag(a.charge), blockMicros(l))
 	if err != nil {
 		return lease{}, err
 	}
@@ -283,6 +283,15 @@ func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a le
 		full:      time.Duration(n(3)) * time.Microsecond,
 		id:        n(4),
 	}, nil
+}
+
+// blockMicros is the scripts' block_for argument: l's penalty box in
+// whole µs, "" for none.
+func blockMicros(l quota.Limit) string {
+	if l.BlockFor <= 0 {
+		return ""
+	}
+	return strconv.FormatInt(int64(l.BlockFor/time.Microsecond), 10)
 }
 
 func chargeFlag(charge bool) string {
@@ -317,7 +326,7 @@ func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit
 	if l.Algorithm == quota.SlidingWindow {
 		script, name = slidingWindowScript, "sliding_window"
 	}
-	v, err := s.run(ctx, "lease", script, key, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), want, need, peers, back.id, back.unspent, "")
+	v, err := s.run(ctx, "lease", script, key, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), want, need, peers, back.id, back.unspent, "", blockMicros(l))
 	if err != nil {
 		return windowLease{}, err
 	}

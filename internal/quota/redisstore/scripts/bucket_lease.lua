@@ -40,6 +40,19 @@
 --          spent at once (ARGV[12] = ARGV[3]), never leased: the bound in
 --          bucket_state.lua is about what leases hand out, and a charge
 --          hands out nothing; it only lowers the level. Empty: a take.
+-- ARGV[14] block_for in µs (the penalty box): a take or question this
+--          call denies puts the key in its box until now + ARGV[14] (the
+--          field b), and every call until then grants nothing (charges
+--          excepted: they record units already served) and answers the
+--          block's end as both waits, the count left as it is. Denials
+--          during a block do not extend it. Empty or 0: no block is set;
+--          one already set is honoured all the same.
+--
+-- In hybrid mode a block stops the grants, not the spending of leases
+-- granted before it: those replicas may still admit what they hold, at
+-- most the tokens out on leases when the block began. Near the limit the
+-- slices have shrunk to about the request's cost (ARGV[8]), so that is
+-- about one request per replica.
 --
 -- Returns {granted, remaining, wait, full, expiry}: tokens granted (fewer
 -- than wanted when fewer remain), tokens left in the bucket afterwards,
@@ -59,6 +72,7 @@ local life = tonumber(ARGV[7]) or 0
 local peers = tonumber(ARGV[8]) or 0
 local spent = tonumber(ARGV[12]) or 0
 local charge = ARGV[13] == '1' and want > 0
+local block_for = tonumber(ARGV[14]) or 0
 
 local b = bucket_load(KEYS[1], iv, now)
 -- Refill at the rate in force since ts (bucket_load); from now on, this
@@ -72,9 +86,20 @@ if debt > 0 then
   b.dirty = true
 end
 
+if b.block > now and not charge then
+  if b.dirty then bucket_save(KEYS[1], b, now, keep) end
+  local left = b.block - now
+  return {0, 0, left, left, 0}
+end
+
 -- The epsilon absorbs float error: 2.9999999999 tokens are 3.
 local avail = math.floor(cap - b.used + 1e-9)
 if avail < 0 then avail = 0 end
+if avail < need and block_for > 0 and not charge then
+  b.block = now + block_for
+  bucket_save(KEYS[1], b, now, keep)
+  return {0, 0, block_for, block_for, 0}
+end
 local granted = 0
 if charge then
   granted = want

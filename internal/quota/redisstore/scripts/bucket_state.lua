@@ -8,7 +8,8 @@
 -- not by replica: a field "x<ms>" per expiry instant (Redis time in ms, a
 -- multiple of the lease grain, so a handful of fields whatever the number
 -- of replicas) holds the tokens granted in unexpired leases ending then.
--- out is their sum.
+-- out is their sum. b, when set, is the end of the key's penalty box
+-- (block_for, µs): until then bucket_lease.lua grants nothing but charges.
 --
 -- The bound (why leases may live long): let U be the tokens replicas hold
 -- unspent and may still spend; U <= out, because a replica stops spending
@@ -35,7 +36,7 @@
 -- hash has none (nil: a bucket with no state is returned as nil).
 local function bucket_load(key, iv, now)
   local raw = redis.call('HGETALL', key)
-  local b = {used = 0, ts = now, iv = iv, out = 0, last = 0}
+  local b = {used = 0, ts = now, iv = iv, out = 0, last = 0, block = 0}
   local fresh = true
   local leases = {}
   for i = 1, #raw, 2 do
@@ -47,6 +48,8 @@ local function bucket_load(key, iv, now)
       b.ts = tonumber(v) or now
     elseif f == 'iv' then
       b.iv = tonumber(v) or iv
+    elseif f == 'b' then
+      b.block = tonumber(v) or 0
     elseif string.byte(f, 1) == 120 then -- 'x'
       local at, n = tonumber(string.sub(f, 2)), tonumber(v) or 0
       if at and n > 0 then
@@ -111,11 +114,17 @@ end
 -- bucket_save writes b back, or deletes the bucket when it is full with
 -- nothing out. keep is the least TTL in ms (injected test time).
 local function bucket_save(key, b, now, keep)
-  if b.used <= 1e-9 and b.out <= 0 then
+  local blocked = b.block > now
+  if b.used <= 1e-9 and b.out <= 0 and not blocked then
     redis.call('DEL', key)
     return
   end
   redis.call('HSET', key, 'used', string.format('%.17g', b.used), 'ts', string.format('%d', b.ts), 'iv', string.format('%.17g', b.iv))
+  if blocked then
+    redis.call('HSET', key, 'b', string.format('%d', b.block))
+    -- The key must outlive its block, or the block would end early.
+    keep = math.max(keep, math.ceil((b.block - now) / 1000) + 1)
+  end
   -- Once every lease has expired and the bucket refilled, it is the same
   -- as no bucket: let it go then, and not before.
   local ttl = math.ceil(b.used * b.iv / 1000) + 1

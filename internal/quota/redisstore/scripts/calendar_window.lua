@@ -13,7 +13,8 @@
 -- ARGV[3]  now in µs for tests; empty: Redis TIME, never a replica's clock
 -- ARGV[4]  units (the cost; 0 decides as for one and counts nothing), or
 --          the units given back
--- ARGV[5…] window bounds in µs, ascending: the windows [ARGV[i], ARGV[i+1])
+-- ARGV[5]  block_for in µs, the penalty box (window_take.lua); empty: none
+-- ARGV[6…] window bounds in µs, ascending: the windows [ARGV[i], ARGV[i+1])
 --
 -- take returns window_take's {allowed, remaining, retry, reset, delay, granted}; refund returns 1 when units were given back.
 -- Redis TIME outside every window sent (the clocks a window apart) is an
@@ -27,7 +28,7 @@ local now = now_us(ARGV[3])
 local n = tonumber(ARGV[4]) or 1
 
 local ws, we
-for i = 5, #ARGV - 1 do
+for i = 6, #ARGV - 1 do
   local a, b = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
   if a <= now and now < b then
     ws, we = a, b
@@ -49,4 +50,4 @@ if ARGV[1] == 'refund' then
   return 0
 end
 
-return window_take(KEYS[1], ws, we, now, n, math.max(n, 1), limit, keep, 0, -1, 0, ARGV[1] == 'charge')
+return window_take(KEYS[1], ws, we, now, n, math.max(n, 1), limit, keep, 0, -1, 0, ARGV[1] == 'charge', tonumber(ARGV[5]) or 0)

@@ -12,6 +12,7 @@
 -- ARGV[7], ARGV[8]  the lease given back: its window's start (µs) and its
 --          unspent units; empty: none
 -- ARGV[9]  1: a charge (charge: always, window_take.lua); empty: a take
+-- ARGV[10] block_for in µs, the penalty box (window_take.lua); empty: none
 --
 -- Returns window_take's {allowed, remaining, retry, reset, delay, granted, ws, left}.
 local w = tonumber(ARGV[1])
@@ -25,4 +26,4 @@ local now = now_us(ARGV[3])
 local n = tonumber(ARGV[4]) or 1
 local need = tonumber(ARGV[5]) or math.max(n, 1)
 local ws = now - (now % w)
-return window_take(KEYS[1], ws, ws + w, now, n, need, limit, keep, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or -1, tonumber(ARGV[8]) or 0, ARGV[9] == '1')
+return window_take(KEYS[1], ws, ws + w, now, n, need, limit, keep, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or -1, tonumber(ARGV[8]) or 0, ARGV[9] == '1', tonumber(ARGV[10]) or 0)

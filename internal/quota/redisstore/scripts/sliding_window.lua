@@ -23,6 +23,15 @@
 -- ARGV[9]  1: a charge (charge: always): the units are counted whatever
 --          the estimate, which may pass the limit; the debt weighs on the
 --          next window as any count does. Empty: a take.
+-- ARGV[10] block_for in µs, the penalty box: a take or question denied
+--          here puts the key in its box until now + ARGV[10] (the field
+--          b); until then every take and question is denied with the
+--          block's end as both waits, the counts left as they are (charges
+--          are still counted: they record units already served). Denials
+--          during a block do not extend it; a block already set is
+--          honoured whatever ARGV[10] says. Empty: none. A hybrid lease
+--          granted before the block may still be spent by its replica: at
+--          most what it leased, about the request's cost near the limit.
 --
 -- Returns {allowed, remaining, retry, reset, delay, granted, ws, left}: 1
 -- or 0; units that would still fit now; µs until one fits when rejected
@@ -42,13 +51,27 @@ local peers = tonumber(ARGV[6]) or 0
 local ws = now - (now % w)
 local e = now - ws
 
-local st = redis.call('HMGET', KEYS[1], 'w', 'p', 'c')
+local st = redis.call('HMGET', KEYS[1], 'w', 'p', 'c', 'b')
 local sw = tonumber(st[1])
+local until_ = tonumber(st[4]) or 0
+local block = tonumber(ARGV[10]) or 0
 local p, c = 0, 0
 if sw == ws then
   p, c = tonumber(st[2]) or 0, tonumber(st[3]) or 0
 elseif sw == ws - w then
   p = tonumber(st[3]) or 0 -- one window on: this window's count is now the previous one
+end
+-- The key lives while this window's count weighs on the next, and while
+-- its block lasts.
+local function expire()
+  local ms = math.ceil((2 * w - e) / 1000) + 1
+  if until_ > now then ms = math.max(ms, math.ceil((until_ - now) / 1000) + 1) end
+  redis.call('PEXPIRE', KEYS[1], math.max(ms, keep))
+end
+local function save()
+  redis.call('HSET', KEYS[1], 'w', string.format('%d', ws), 'p', string.format('%d', p), 'c', string.format('%d', c))
+  if until_ > now then redis.call('HSET', KEYS[1], 'b', string.format('%d', until_)) end
+  expire()
 end
 local back = tonumber(ARGV[8]) or 0
 local dirty = false
@@ -66,6 +89,15 @@ end
 -- estimate + n <= limit, multiplied through by w to stay in integers:
 -- p*(w-e)/w + c + n <= limit.
 local charge = ARGV[9] == '1' and n > 0
+local fits = p * (w - e) + (c + spend) * w <= limit * w
+if not charge and (until_ > now or (not fits and block > 0)) then
+  if until_ <= now then
+    until_ = now + block
+    dirty = true
+  end
+  if dirty then save() end
+  return {0, 0, until_ - now, until_ - now, 0, 0, ws, w - e}
+end
 if charge or p * (w - e) + (c + spend) * w <= limit * w then
   local reset = 2 * w - e
   local granted = n
@@ -80,17 +112,10 @@ if charge or p * (w - e) + (c + spend) * w <= limit * w then
     reset = 0
     if p > 0 then reset = w - e end
   end
-  if dirty then
-    redis.call('HSET', KEYS[1], 'w', string.format('%d', ws), 'p', string.format('%d', p), 'c', string.format('%d', c))
-    -- This window's count weighs on the next one; after that it is gone.
-    redis.call('PEXPIRE', KEYS[1], math.max(math.ceil((2 * w - e) / 1000) + 1, keep))
-  end
+  if dirty then save() end
   return {1, math.max(math.floor((limit * w - p * (w - e) - c * w) / w), 0), 0, reset, 0, granted, ws, w - e}
 end
-if dirty then
-  redis.call('HSET', KEYS[1], 'w', string.format('%d', ws), 'p', string.format('%d', p), 'c', string.format('%d', c))
-  redis.call('PEXPIRE', KEYS[1], math.max(math.ceil((2 * w - e) / 1000) + 1, keep))
-end
+if dirty then save() end
 
 -- Rejected: solve estimate(t) + n <= limit for the first t >= e.
 local t

@@ -20,16 +20,33 @@
 -- charge (charge: always) counts want units whatever the count: it may
 -- pass the limit, and the window's end forgives what went past it.
 --
+-- block (block_for, µs; 0: none) is the penalty box: a take or question
+-- denied here puts the key in its box until now + block (the field b), and
+-- until then every take and question is denied with the block's end as
+-- both waits, the count left as it is; charges are still counted (they
+-- record units already served). Denials during a block do not extend it.
+-- A block already set is honoured whatever block says. A hybrid lease
+-- granted before the block may still be spent by its replica: at most
+-- what was leased, half of what was left over the replicas, about the
+-- request's cost near the limit.
+--
 -- Returns {allowed, remaining, retry, reset, delay, granted, ws, left}: 1
 -- or 0; units left in this window; µs until the window ends when rejected
 -- (else 0); µs until the window ends; 0 (no algorithm but the leaky bucket
 -- holds requests); units taken; the window's start (µs), the lease's name;
 -- µs until it ends, the lease's life.
-local function window_take(key, ws, we, now, want, need, limit, keep, peers, back_ws, back, charge)
+local function window_take(key, ws, we, now, want, need, limit, keep, peers, back_ws, back, charge, block)
   local left = we - now
-  local st = redis.call('HMGET', key, 'w', 'c')
+  local st = redis.call('HMGET', key, 'w', 'c', 'b')
   local c = 0
   if tonumber(st[1]) == ws then c = tonumber(st[2]) or 0 end
+  local until_ = tonumber(st[3]) or 0
+  -- The key lives as long as its window's count or its block, the later.
+  local function expire()
+    local ms = math.ceil(left / 1000) + 1
+    if until_ > now then ms = math.max(ms, math.ceil((until_ - now) / 1000) + 1) end
+    redis.call('PEXPIRE', key, math.max(ms, keep))
+  end
   local dirty = false
   if back > 0 and back_ws == ws and c > 0 then
     c = math.max(c - back, 0)
@@ -37,7 +54,19 @@ local function window_take(key, ws, we, now, want, need, limit, keep, peers, bac
   end
   local granted = 0
   local room = limit - c
-  if charge and want > 0 then
+  local charging = charge and want > 0
+  if not charging and (until_ > now or (room < need and block > 0)) then
+    if until_ <= now then
+      until_ = now + block
+      dirty = true
+    end
+    if dirty then
+      redis.call('HSET', key, 'w', string.format('%d', ws), 'c', string.format('%d', c), 'b', string.format('%d', until_))
+      expire()
+    end
+    return {0, 0, until_ - now, until_ - now, 0, 0, ws, left}
+  end
+  if charging then
     granted = want
     c = c + want
     dirty = true
@@ -50,7 +79,7 @@ local function window_take(key, ws, we, now, want, need, limit, keep, peers, bac
   if dirty then
     redis.call('HSET', key, 'w', string.format('%d', ws), 'c', string.format('%d', c))
     -- The count means nothing once its window is over.
-    redis.call('PEXPIRE', key, math.max(math.ceil(left / 1000) + 1, keep))
+    expire()
   end
   if granted > 0 or room >= need then return {1, math.max(limit - c, 0), 0, left, 0, granted, ws, left} end
   return {0, 0, left, left, 0, 0, ws, left}
