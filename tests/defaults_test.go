@@ -87,7 +87,7 @@ func assertSeedExact(t *testing.T, replicas []*sidecar, rdb *redis.Client, alg s
 		if got := allowedDecisions(replicas, alg) - allowedBefore; got != float64(counts[200]) {
 			t.Fatalf("replicas count %v allowed decisions, responses %d", got, counts[200])
 		}
-		assertKeyExpires(t, rdb, alg, client, time.Minute)
+		assertKeyExpires(t, rdb, alg, client, time.Minute, after)
 		return
 	}
 }
