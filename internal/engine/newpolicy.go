@@ -70,13 +70,7 @@ func (p *Policy) CountedAs(name string, m *Metrics) *Policy {
 func (p *Policy) PartitionFor(values []string) string {
 	b := []byte(p.prefix)
 	for i, k := range p.Key {
-		b = append(b, ':')
-		b = append(b, k.Kind...)
-		if k.Name != "" {
-			b = append(b, ':')
-			b = appendEscaped(b, k.Name)
-		}
-		b = append(b, ':')
+		b = appendKeyPart(b, k)
 		if i < len(values) {
 			b = appendEscaped(b, values[i])
 		}

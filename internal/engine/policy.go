@@ -83,13 +83,7 @@ func (p *Policy) partition(a *Request, c *Client, ip identity.IPRule) (key strin
 	var buf [128]byte // most keys fit: one allocation, for the string
 	b := append(buf[:0], p.prefix...)
 	for _, k := range p.Key {
-		b = append(b, ':')
-		b = append(b, k.Kind...)
-		if k.Name != "" {
-			b = append(b, ':')
-			b = appendEscaped(b, k.Name)
-		}
-		b = append(b, ':')
+		b = appendKeyPart(b, k)
 		if k.Kind == config.KeyIP {
 			// Formatted on the stack, not into a string of its own.
 			var ipBuf [64]byte
@@ -128,6 +122,19 @@ func keyValue(k config.KeyPart, a *Request, c *Client) string {
 		return a.Path
 	}
 	return ""
+}
+
+// appendKeyPart appends what names key part k in a partition key,
+// ":kind:" or ":kind:name:", before its value: the one spelling Check's
+// keys and a descriptor sharing a policy's bucket (PartitionFor) agree on.
+func appendKeyPart(b []byte, k config.KeyPart) []byte {
+	b = append(b, ':')
+	b = append(b, k.Kind...)
+	if k.Name != "" {
+		b = append(b, ':')
+		b = appendEscaped(b, k.Name)
+	}
+	return append(b, ':')
 }
 
 // digestPrefix starts the stand-in of a value longer than maxKeyValue. An

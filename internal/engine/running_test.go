@@ -10,21 +10,8 @@ import (
 // Update swaps in a newly compiled Engine; a configuration that does not
 // compile leaves the running one in force.
 func TestRunningUpdate(t *testing.T) {
-	parse := func(yaml string) *config.Config {
-		cfg, err := config.Parse([]byte(yaml), "test.yaml")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cfg
-	}
-	cache, err := local.NewTable(100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewRunning(parse("policies: [{name: a, limit: 1, window: 1s}]"), Limiters{config.ModeLocal: local.New(cache)}, NewMetrics(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
+	parse := func(yaml string) *config.Config { return parseConfig(t, yaml) }
+	r := runningOf(t, "policies: [{name: a, limit: 1, window: 1s}]")
 	first := r.Engine()
 	if err := r.Update(parse("policies: [{name: b, limit: 1, window: 1s}]")); err != nil {
 		t.Fatal(err)
@@ -45,21 +32,8 @@ func TestRunningUpdate(t *testing.T) {
 // A door's derived parts are derived once per Engine: again after a
 // reload, never per request, and always from the Engine returned with them.
 func TestPerEngineDerivesOncePerConfiguration(t *testing.T) {
-	parse := func(yaml string) *config.Config {
-		cfg, err := config.Parse([]byte(yaml), "test.yaml")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cfg
-	}
-	cache, err := local.NewTable(100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewRunning(parse("policies: [{name: a, limit: 1, window: 1s}]"), Limiters{config.ModeLocal: local.New(cache)}, NewMetrics(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
+	parse := func(yaml string) *config.Config { return parseConfig(t, yaml) }
+	r := runningOf(t, "policies: [{name: a, limit: 1, window: 1s}]")
 	derivations := 0
 	p := NewPerEngine(r, func(e *Engine) *string {
 		derivations++
@@ -80,4 +54,27 @@ func TestPerEngineDerivesOncePerConfiguration(t *testing.T) {
 	if e, name := p.Get(); *name != "b" || e != r.Engine() || derivations != 2 {
 		t.Fatalf("after the reload: derived %q (%d derivations)", *name, derivations)
 	}
+}
+
+func parseConfig(t *testing.T, yaml string) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse([]byte(yaml), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// runningOf is a Running over local mode compiled from yaml.
+func runningOf(t *testing.T, yaml string) *Running {
+	t.Helper()
+	cache, err := local.NewTable(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRunning(parseConfig(t, yaml), Limiters{config.ModeLocal: local.New(cache)}, NewMetrics(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
