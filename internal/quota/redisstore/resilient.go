@@ -143,10 +143,11 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 }
 
 // Refund implements quota.Limiter: to Redis when it answers, else to the
-// local fallback bucket.
+// local fallback bucket; under on_redis_error allow or deny, nowhere, and
+// Redis's error says so (the units stay spent: less admitted, never more).
 func (r *Resilient) Refund(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) error {
 	if err := r.primary.Refund(ctx, key, l, n, now); err == nil || l.OnError != quota.ErrorFallback {
-		return nil
+		return err
 	}
 	// The debt stays: the unit may have been one Redis admitted, and a
 	// debt too high only makes the replicas admit less, never more.
