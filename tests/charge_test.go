@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os/exec"
 	"regexp"
@@ -307,6 +308,158 @@ func TestTokenBudgetValidateSummary(t *testing.T) {
 	} {
 		if !want.Match(out) {
 			t.Errorf("validate's summary lacks %s:\n%s", want, out)
+		}
+	}
+}
+
+// budgetBucketPolicy is the docs' example on a token bucket: 100,000
+// tokens a day, refilled continuously, whose charges made while Redis is
+// unreachable are owed to its count (a window's are not: its fallback
+// count ends with the window).
+const budgetBucketPolicy = `
+clients:
+  keys:
+    - {id: acme, key: key-acme}
+policies:
+  - name: tokens
+    key: [client]
+    limit: 100000
+    window: 24h
+    algorithm: token_bucket
+    charge: always
+`
+
+// A token budget through a Redis outage, three replicas in redis mode and
+// three in hybrid, at the shipped defaults (on_redis_error: fallback),
+// driven alike. Redis is frozen (it keeps its state, as a partition or a
+// stalled server does) with 60,000 tokens left, which each replica last
+// saw. While it is down each replica answers from its own share, a third
+// of the 60,000: replica 0's charges of 25,000 put its share in debt and
+// it denies, while replicas 1 and 2, charged nothing, admit (a replica's
+// share is spent only by the charges it receives); replica 1's charges of
+// 150,000 then put it in debt too, and replica 2 admits all the same.
+// When Redis answers again each replica charges what its fallback
+// counted with its next call: replica 0's 25,000 to the unit (35,000
+// left, plus what refilled over the run), then replica 1's 150,000, which
+// the count takes down to one capacity below empty and no further
+// (docs/token-budgets.md: the 15,000 beyond it are forgiven); and every
+// replica denies.
+func TestTokenBudgetThroughAnOutage(t *testing.T) {
+	section, _ := domainDir(t, map[string]string{"llm.yaml": budgetDomain})
+	type modeRedis struct {
+		modeFleet
+		srv *testredis.Server
+	}
+	var fleets []modeRedis
+	for _, mode := range []string{"redis", "hybrid"} {
+		srv := testredis.Start(t)
+		fleets = append(fleets, modeRedis{modeFleet{mode: mode, rdb: srv.Client(), replicas: startReplicas(t, 3, defaultsConfig(srv.Addr, mode, budgetBucketPolicy+section))}, srv})
+	}
+	const budget, rate = 100_000, 100_000.0 / 86_400 // tokens a second refilled
+	start := time.Now()
+	// refilled bounds what the bucket refilled since the run began, from
+	// the run's measured length, rounded up.
+	refilled := func() int64 { return int64(math.Ceil(time.Since(start).Seconds()*rate)) + 1 }
+	// ask has replica k of every fleet answer a query (without charging)
+	// and returns the statuses and the remaining counts.
+	ask := func(k int) (codes []int, left []int64) {
+		t.Helper()
+		for _, f := range fleets {
+			q := f.replicas[k].shouldRateLimit(budgetCall("acme", 0))
+			codes = append(codes, rlsStatus(q))
+			left = append(left, int64(q.GetStatuses()[0].GetLimitRemaining()))
+		}
+		return codes, left
+	}
+	charge := func(k int, n uint64, times int) {
+		t.Helper()
+		for _, f := range fleets {
+			for range times {
+				if resp := f.replicas[k].shouldRateLimit(budgetCall("acme", n)); rlsStatus(resp) != 200 {
+					t.Fatalf("%s replica %d: a charge of %d was refused: %v", f.mode, k, n, resp)
+				}
+			}
+		}
+	}
+	want := func(what string, k int, code int, lo, hi int64) {
+		t.Helper()
+		codes, left := ask(k)
+		for i, f := range fleets {
+			if codes[i] != code || left[i] < lo || left[i] > hi {
+				t.Fatalf("%s, %s replica %d: %d with %d left, want %d with %d–%d left", what, f.mode, k, codes[i], left[i], code, lo, hi)
+			}
+		}
+	}
+
+	// Each share is a third once every replica has heard the other two.
+	for _, f := range fleets {
+		for _, r := range f.replicas {
+			waitMetric(t, r, 5*time.Second, 3, "extauthz_peers")
+		}
+	}
+	charge(0, 40_000, 1)
+	for k := range 3 {
+		want("before the outage", k, 200, budget-40_000, budget-40_000+refilled())
+	}
+	for _, f := range fleets {
+		f.srv.Freeze()
+	}
+	thawed := false
+	defer func() {
+		if !thawed {
+			for _, f := range fleets {
+				f.srv.Thaw()
+			}
+		}
+	}()
+	// Each replica's first question waits for its breaker to open (a
+	// question spends nothing, so one Redis runs once thawed costs
+	// nothing); from then on no call reaches Redis.
+	for k := range 3 {
+		ask(k)
+		for _, f := range fleets {
+			f.replicas[k].markedDown(5 * time.Second)
+		}
+	}
+	// A third of the 60,000 each, less the unit this question asks.
+	share := int64(budget-40_000) / 3
+	for k := range 3 {
+		want("in the outage", k, 200, share-1, share+refilled())
+	}
+	charge(0, 5_000, 5)
+	want("replica 0 charged 25,000 in the outage", 0, 429, 0, 0)
+	want("replica 0 charged 25,000 in the outage", 1, 200, share-1, share+refilled())
+	want("replica 0 charged 25,000 in the outage", 2, 200, share-1, share+refilled())
+	charge(1, 5_000, 30)
+	want("replica 1 charged 150,000 in the outage", 1, 429, 0, 0)
+	want("replica 1 charged 150,000 in the outage", 2, 200, share-1, share+refilled())
+
+	for _, f := range fleets {
+		f.srv.Thaw()
+	}
+	thawed = true
+	for _, f := range fleets {
+		for _, r := range f.replicas {
+			waitMetric(t, r, 5*time.Second, 1, "extauthz_redis_up")
+		}
+	}
+	// Replica 0's 25,000 reach Redis with its next call, to the unit.
+	want("after the outage, replica 0's charges", 0, 200, budget-65_000, budget-65_000+refilled())
+	// Replica 1's 150,000 take the count one capacity below empty: no
+	// more, whatever refilled.
+	want("after the outage, replica 1's charges", 1, 429, 0, 0)
+	for _, f := range fleets {
+		used, err := f.rdb.HGet(t.Context(), "rl:{tokens:client:acme}", "used").Float64()
+		if err != nil || used != 2*budget {
+			t.Fatalf("%s: the bucket uses %v (%v), want one capacity below empty: %d", f.mode, used, err, 2*budget)
+		}
+	}
+	for k := range 3 {
+		want("after the outage", k, 429, 0, 0)
+		for _, f := range fleets {
+			if code := httpStatus(f.replicas[k].check(budgetCheck("key-acme").build())); code != 429 {
+				t.Fatalf("%s replica %d: Check after the outage's charges: %d", f.mode, k, code)
+			}
 		}
 	}
 }
