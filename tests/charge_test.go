@@ -312,11 +312,10 @@ func TestTokenBudgetValidateSummary(t *testing.T) {
 	}
 }
 
-// budgetBucketPolicy is the docs' example on a token bucket: 100,000
-// tokens a day, refilled continuously, whose charges made while Redis is
-// unreachable are owed to its count (a window's are not: its fallback
-// count ends with the window).
-const budgetBucketPolicy = `
+// budgetPolicyOn is the docs' example on algorithm: 100,000 tokens a
+// day per tenant, charged after the response.
+func budgetPolicyOn(algorithm string) string {
+	return `
 clients:
   keys:
     - {id: acme, key: key-acme}
@@ -325,26 +324,34 @@ policies:
     key: [client]
     limit: 100000
     window: 24h
-    algorithm: token_bucket
+    algorithm: ` + algorithm + `
     charge: always
 `
+}
 
 // A token budget through a Redis outage, three replicas in redis mode and
 // three in hybrid, at the shipped defaults (on_redis_error: fallback),
-// driven alike. Redis is frozen (it keeps its state, as a partition or a
-// stalled server does) with 60,000 tokens left, which each replica last
-// saw. While it is down each replica answers from its own share, a third
-// of the 60,000: replica 0's charges of 25,000 put its share in debt and
-// it denies, while replicas 1 and 2, charged nothing, admit (a replica's
-// share is spent only by the charges it receives); replica 1's charges of
-// 150,000 then put it in debt too, and replica 2 admits all the same.
-// When Redis answers again each replica charges what its fallback
-// counted with its next call: replica 0's 25,000 to the unit (35,000
-// left, plus what refilled over the run), then replica 1's 150,000, which
-// the count takes down to one capacity below empty and no further
-// (docs/token-budgets.md: the 15,000 beyond it are forgiven); and every
+// driven alike, on a token bucket and on a fixed window. Redis is frozen
+// (it keeps its state, as a partition or a stalled server does) with
+// 60,000 tokens left, which each replica last saw. While it is down each
+// replica answers from its own share, a third of the 60,000: replica 0's
+// charges of 25,000 put its share in debt and it denies, while replicas 1
+// and 2, charged nothing, admit (a replica's share is spent only by the
+// charges it receives); replica 1's charges of 150,000 then put it in
+// debt too, and replica 2 admits all the same. When Redis answers again
+// each replica charges what its fallback counted with its next call:
+// replica 0's 25,000 to the unit (35,000 left; a bucket's plus what
+// refilled over the run), then replica 1's 150,000: a window counts them
+// all (215,000 charged), a bucket goes down to one capacity below empty
+// and no further (docs/token-budgets.md: 15,000 are forgiven); and every
 // replica denies.
 func TestTokenBudgetThroughAnOutage(t *testing.T) {
+	for _, algorithm := range []string{"token_bucket", "fixed_window"} {
+		t.Run(algorithm, func(t *testing.T) { testBudgetThroughAnOutage(t, algorithm) })
+	}
+}
+
+func testBudgetThroughAnOutage(t *testing.T, algorithm string) {
 	section, _ := domainDir(t, map[string]string{"llm.yaml": budgetDomain})
 	type modeRedis struct {
 		modeFleet
@@ -353,13 +360,18 @@ func TestTokenBudgetThroughAnOutage(t *testing.T) {
 	var fleets []modeRedis
 	for _, mode := range []string{"redis", "hybrid"} {
 		srv := testredis.Start(t)
-		fleets = append(fleets, modeRedis{modeFleet{mode: mode, rdb: srv.Client(), replicas: startReplicas(t, 3, defaultsConfig(srv.Addr, mode, budgetBucketPolicy+section))}, srv})
+		fleets = append(fleets, modeRedis{modeFleet{mode: mode, rdb: srv.Client(), replicas: startReplicas(t, 3, defaultsConfig(srv.Addr, mode, budgetPolicyOn(algorithm)+section))}, srv})
 	}
-	const budget, rate = 100_000, 100_000.0 / 86_400 // tokens a second refilled
+	const budget = 100_000
+	rate := 0.0 // tokens a second refilled: a window refills nothing
+	if algorithm == "token_bucket" {
+		rate = 100_000.0 / 86_400
+	}
 	start := time.Now()
+	before := redisNow(t, fleets[0].rdb)
 	// refilled bounds what the bucket refilled since the run began, from
 	// the run's measured length, rounded up.
-	refilled := func() int64 { return int64(math.Ceil(time.Since(start).Seconds()*rate)) + 1 }
+	refilled := func() int64 { return int64(math.Ceil(time.Since(start).Seconds() * rate)) }
 	// ask has replica k of every fleet answer a query (without charging)
 	// and returns the statuses and the remaining counts.
 	ask := func(k int) (codes []int, left []int64) {
@@ -445,10 +457,19 @@ func TestTokenBudgetThroughAnOutage(t *testing.T) {
 	}
 	// Replica 0's 25,000 reach Redis with its next call, to the unit.
 	want("after the outage, replica 0's charges", 0, 200, budget-65_000, budget-65_000+refilled())
-	// Replica 1's 150,000 take the count one capacity below empty: no
-	// more, whatever refilled.
+	// Replica 1's 150,000: a window counts them all; a bucket goes one
+	// capacity below empty, no further, whatever refilled.
 	want("after the outage, replica 1's charges", 1, 429, 0, 0)
 	for _, f := range fleets {
+		if algorithm == "fixed_window" {
+			if after := redisNow(t, f.rdb); before.Truncate(24*time.Hour) != after.Truncate(24*time.Hour) {
+				t.Fatalf("the run crossed midnight UTC (%v): the window turned; run it again", after)
+			}
+			if held := budgetCount(t, f.rdb, "acme"); held != 215_000 {
+				t.Fatalf("%s: the window counts %d, want every token charged: 215,000", f.mode, held)
+			}
+			continue
+		}
 		used, err := f.rdb.HGet(t.Context(), "rl:{tokens:client:acme}", "used").Float64()
 		if err != nil || used != 2*budget {
 			t.Fatalf("%s: the bucket uses %v (%v), want one capacity below empty: %d", f.mode, used, err, 2*budget)

@@ -209,15 +209,15 @@ func leases(l quota.Limit) bool {
 
 // Take implements Limiter.
 func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
+	if l.Overdraft {
+		return h.budget(ctx, key, l, n, now)
+	}
 	if !leases(l) {
 		d, err := h.store.decide(ctx, key, l, n, 0) // no lease: no fallback debt kept either
 		if err == nil && l.OnError == quota.ErrorFallback {
 			h.table.record(key, d.Remaining, now)
 		}
 		return d, err
-	}
-	if l.Overdraft {
-		return h.budget(ctx, key, l, n, now)
 	}
 	need := max(n, 1) // a question (n = 0) needs one token in the slice, and spends none
 	ns := now.UnixNano()

@@ -159,8 +159,13 @@ func (r *Resilient) Refund(ctx context.Context, key string, l quota.Limit, n int
 // owed to its Redis count, charged with the key's next call once Redis
 // answers: a token bucket's, whose level carries on; not a window's, whose
 // fallback count ends with its window (its Redis count is the window's
-// own). The one place that rule is written: redis mode, hybrid leases and
-// the fallback all ask here.
+// own), unless the window's takes are charges (charge: always): a token
+// budget's charges are facts, the tokens a response reported, and a
+// budget's window (a day, a month) outlasts an outage, so they are
+// charged to the window's count too (to the window holding Redis TIME
+// when it answers: after a window turned in the outage, to the new one:
+// less admitted, never more). The one place that rule is written: redis
+// mode, hybrid leases and budgets, and the fallback all ask here.
 func owesFallback(l quota.Limit) bool {
-	return l.Algorithm == quota.TokenBucket && l.OnError == quota.ErrorFallback
+	return l.OnError == quota.ErrorFallback && (l.Algorithm == quota.TokenBucket || l.Overdraft)
 }
