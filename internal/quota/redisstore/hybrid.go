@@ -361,8 +361,9 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 // unit is left.
 //
 // A lease held from before a reload turned charge: always on is given
-// back, unspent tokens and all; a token bucket's fallback admissions are
-// charged with the call, as in redis mode.
+// back, unspent tokens and all; the charges a fallback counted while
+// Redis was unreachable (owesFallback) are charged with the call, as in
+// redis mode.
 func (h *Hybrid) budget(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
 	sh := h.table.Lock(key)
 	e := stateLocked(sh, key)
