@@ -405,7 +405,8 @@ func testBudgetThroughAnOutage(t *testing.T, algorithm string) {
 		codes, left := ask(k)
 		for i, f := range fleets {
 			if codes[i] != code || left[i] < lo || left[i] > hi {
-				t.Fatalf("%s, %s replica %d: %d with %d left, want %d with %d–%d left", what, f.mode, k, codes[i], left[i], code, lo, hi)
+				t.Fatalf("%s, %s replica %d: %d with %d left, want %d with %d–%d left (%v decisions degraded so far)",
+					what, f.mode, k, codes[i], left[i], code, lo, hi, f.replicas[k].metric("extauthz_degraded_decisions_total"))
 			}
 		}
 	}
@@ -419,6 +420,11 @@ func testBudgetThroughAnOutage(t *testing.T, algorithm string) {
 	charge(0, 40_000, 1)
 	for k := range 3 {
 		want("before the outage", k, 200, budget-40_000, budget-40_000+refilled())
+	}
+	// Every decision so far was Redis's: the shares below are a third of
+	// what it reported.
+	for _, f := range fleets {
+		assertNotDegraded(t, f.replicas)
 	}
 	for _, f := range fleets {
 		f.srv.Freeze()
