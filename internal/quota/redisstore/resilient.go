@@ -143,10 +143,11 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 }
 
 // Refund implements quota.Limiter: to Redis when it answers, else to the
-// local fallback bucket.
+// local fallback bucket; under on_redis_error allow or deny, nowhere, and
+// Redis's error says so (the units stay spent: less admitted, never more).
 func (r *Resilient) Refund(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) error {
 	if err := r.primary.Refund(ctx, key, l, n, now); err == nil || l.OnError != quota.ErrorFallback {
-		return nil
+		return err
 	}
 	// The debt stays: the unit may have been one Redis admitted, and a
 	// debt too high only makes the replicas admit less, never more.
@@ -158,8 +159,13 @@ func (r *Resilient) Refund(ctx context.Context, key string, l quota.Limit, n int
 // owed to its Redis count, charged with the key's next call once Redis
 // answers: a token bucket's, whose level carries on; not a window's, whose
 // fallback count ends with its window (its Redis count is the window's
-// own). The one place that rule is written: redis mode, hybrid leases and
-// the fallback all ask here.
+// own), unless the window's takes are charges (charge: always): a token
+// budget's charges are facts, the tokens a response reported, and a
+// budget's window (a day, a month) outlasts an outage, so they are
+// charged to the window's count too (to the window holding Redis TIME
+// when it answers: after a window turned in the outage, to the new one:
+// less admitted, never more). The one place that rule is written: redis
+// mode, hybrid leases and budgets, and the fallback all ask here.
 func owesFallback(l quota.Limit) bool {
-	return l.Algorithm == quota.TokenBucket && l.OnError == quota.ErrorFallback
+	return l.OnError == quota.ErrorFallback && (l.Algorithm == quota.TokenBucket || l.Overdraft)
 }

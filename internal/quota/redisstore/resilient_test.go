@@ -273,6 +273,19 @@ func TestResilient(t *testing.T) {
 	if d, err := r.Take(ctx, "d", l, 1, now); err != nil || d.Allowed || d.Degraded != quota.DegradedDeny || d.RetryAfter != time.Second {
 		t.Fatalf("deny: %+v %v", d, err)
 	}
+	// A refund Redis failed is made nowhere under allow or deny, and
+	// says so (the engine counts only refunds made); under fallback it
+	// goes to the fallback bucket.
+	for _, oe := range []quota.OnError{quota.ErrorAllow, quota.ErrorDeny} {
+		l.OnError = oe
+		if err := r.Refund(ctx, "d", l, 1, now); !errors.Is(err, ErrStoreDown) {
+			t.Fatalf("on_redis_error %v: a refund Redis failed returned %v", oe, err)
+		}
+	}
+	l.OnError = quota.ErrorFallback
+	if err := r.Refund(ctx, "k", l, 1, now); err != nil {
+		t.Fatalf("fallback: a refund returned %v", err)
+	}
 	// A limit smaller than the peer count still admits one at a time.
 	tiny := quota.Limit{Limit: 2, Window: time.Minute}
 	if d, _ := r.Take(ctx, "tiny", tiny, 1, now); !d.Allowed {
