@@ -375,3 +375,38 @@ func TestResilientRetriesOnceWhileRedisIsUp(t *testing.T) {
 		})
 	}
 }
+
+// waiting is a primary that answers nothing until its context is done, as
+// a hybrid decision waiting for another request's lease of its key (which
+// may wait for another) does on a slow link.
+type waiting struct{}
+
+func (waiting) Take(ctx context.Context, _ string, _ quota.Limit, _ int64, _ time.Time) (quota.Decision, error) {
+	<-ctx.Done()
+	return quota.Decision{}, ctx.Err()
+}
+
+func (waiting) Refund(context.Context, string, quota.Limit, int64, time.Time) error { return nil }
+
+// A primary that waits on Redis until the caller's deadline must not make
+// the decision an error: SPEC §7, no gRPC error reaches Envoy under a
+// network fault. The primary's wait ends a tenth of the deadline early,
+// and the fallback answers before the caller gives up.
+func TestWaitCutByTheDeadlineIsAFallbackDecision(t *testing.T) {
+	r := newResilient(t, waiting{}, fixedPeers(3), verdict(false))
+	r.clock = time.Now
+	l := quota.Limit{Algorithm: quota.TokenBucket, Limit: 90, Window: time.Minute, OnError: quota.ErrorFallback}
+	now := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), now.Add(300*time.Millisecond))
+	defer cancel()
+	d, err := r.Take(ctx, "k", l, 1, now)
+	if err != nil {
+		t.Fatalf("Take: %v; want a fallback decision before the caller's deadline", err)
+	}
+	if d.Degraded != quota.DegradedFallback {
+		t.Fatalf("decision %+v, want a fallback decision", d)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the decision came after the caller's deadline")
+	}
+}
