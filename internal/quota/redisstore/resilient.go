@@ -92,7 +92,7 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 	if ctxErr := ctx.Err(); ctxErr != nil && !down {
 		return quota.Decision{}, ctxErr // the caller gave up; nobody will read a decision
 	}
-	if !down && unavailable(err) {
+	if !down && unavailable(err) && r.timeLeft(pctx, now) {
 		// A timeout or a broken connection: wait for the breaker's
 		// verdict. An outage is answered as one; while Redis answers,
 		// ask once more, within what is left of the caller's deadline:
@@ -147,6 +147,23 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 	}
 	d.Degraded = quota.DegradedFallback
 	return d, nil
+}
+
+// timeLeft says whether what is left of the primary's deadline is worth
+// a wait for the breaker's verdict and a second call: at least as long
+// as the decision has taken so far. A first call that ran into its
+// timeout leaves too little for a second to fare better on the same
+// link, and the wait would only bring the answer to the brink of the
+// caller's deadline, where a loaded machine pushes it past (an error at
+// Envoy). The fallback then answers at once, as after a call that may
+// have run. A refused or broken connection fails fast and leaves time.
+func (r *Resilient) timeLeft(pctx context.Context, now time.Time) bool {
+	dl, ok := pctx.Deadline()
+	if !ok {
+		return true
+	}
+	at := r.clock()
+	return dl.Sub(at) >= at.Sub(now)
 }
 
 // Refund implements quota.Limiter: to Redis when it answers, else to the
