@@ -324,13 +324,19 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 			}
 		}
 	}()
-	time.Sleep(plan.before) // the load runs healthy first
+	var proxies []string // each once: modes may share one (a Cluster's master)
 	for _, m := range modes {
-		x.add(m.proxy, f.toxics...)
+		if !slices.Contains(proxies, m.proxy) {
+			proxies = append(proxies, m.proxy)
+		}
+	}
+	time.Sleep(plan.before) // the load runs healthy first
+	for _, p := range proxies {
+		x.add(p, f.toxics...)
 	}
 	time.Sleep(plan.during) // the fault lasts this long
-	for _, m := range modes {
-		x.clear(m.proxy, f.toxics...)
+	for _, p := range proxies {
+		x.clear(p, f.toxics...)
 	}
 	cleared := time.Now()
 	time.Sleep(plan.after) // the load runs on after the fault
