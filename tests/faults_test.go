@@ -111,14 +111,14 @@ type faultRun struct {
 
 // faultPlan times a run: load alone, then the fault, then load alone.
 type faultPlan struct {
-	keys, workers   int
-	before, during  time.Duration
-	after           time.Duration
-	sourceNet       int // 10.<net>.0.x: the source addresses, one per key
-	keepRecoverTick time.Duration
+	keys, workers  int
+	before, during time.Duration
+	after          time.Duration
+	sourceNet      int           // 10.<net>.0.x: the source addresses, one per key
+	sampleEvery    time.Duration // how often the degraded counters are read
 }
 
-var defaultFaultPlan = faultPlan{keys: 20, workers: 6, before: time.Second, during: 4 * time.Second, after: 3 * time.Second, sourceNet: 77, keepRecoverTick: 50 * time.Millisecond}
+var defaultFaultPlan = faultPlan{keys: 20, workers: 6, before: time.Second, during: 4 * time.Second, after: 3 * time.Second, sourceNet: 77, sampleEvery: 50 * time.Millisecond}
 
 // modeUnderFault is one mode's side of a run: its Redis, its proxy, its
 // replicas.
@@ -309,7 +309,7 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 	pollDone := make(chan struct{})
 	go func() {
 		defer close(pollDone)
-		tk := time.NewTicker(plan.keepRecoverTick)
+		tk := time.NewTicker(plan.sampleEvery)
 		defer tk.Stop()
 		for {
 			select {
@@ -381,7 +381,7 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 			}
 			prev = tk.degraded[mi]
 		}
-		if last := ticks[len(ticks)-1]; run.recovery > 0 && last.at.Sub(cleared)-run.recovery < 2*plan.keepRecoverTick {
+		if last := ticks[len(ticks)-1]; run.recovery > 0 && last.at.Sub(cleared)-run.recovery < 2*plan.sampleEvery {
 			run.recovered = false // still degraded when the load stopped
 		}
 		out = append(out, run)
