@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -566,5 +567,46 @@ descriptors:
 	}
 	if got := s.rlsAdmitted(100, rateLimitRequest("bulk", envoyRequest{}, actions(genericKey("bulk", "import")))); got != 100 {
 		t.Fatalf("after the requests that never fit: %d of 100 admitted", got)
+	}
+}
+
+// '=' joins an entry's key to its value in a partition key, so it is
+// escaped in both: the entries a=b:c and a:b=c, each under a limit of 2 a
+// minute, count apart (they shared one count before, so the second was
+// denied after the first spent 2), and the Redis keys show the spelling.
+// An entry without '=' keeps the key it always had
+// (internal/rls TestPartitionKeys).
+func TestRLSEntriesWithEqualsCountApart(t *testing.T) {
+	srv := testredis.Start(t)
+	section, _ := domainDir(t, map[string]string{"eq.yaml": `
+domain: eq
+descriptors:
+  - {key: a, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - {key: "a=b", rate_limit: {unit: minute, requests_per_unit: 2}}
+`})
+	s := startSidecar(t, defaultsConfig(srv.Addr, "redis", section))
+	entry := func(k, v string) *rlsv3.RateLimitRequest {
+		return rateLimitRequest("eq", envoyRequest{}, actions(genericKey(k, v)))
+	}
+	cases := []struct {
+		key, value, redisKey string
+	}{
+		{"a", "b=c", "rl:{rls/eq:a=b%3Dc}:fw"}, // a descriptor counts in a fixed window
+		{"a=b", "c", "rl:{rls/eq:a%3Db=c}:fw"},
+	}
+	for _, c := range cases {
+		var got []rlsv3.RateLimitResponse_Code
+		for range 3 {
+			got = append(got, s.shouldRateLimit(entry(c.key, c.value)).GetOverallCode())
+		}
+		ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+		if !slices.Equal(got, []rlsv3.RateLimitResponse_Code{ok, ok, over}) {
+			t.Fatalf("entry %s:%s, three requests: %v; want its own limit of 2, then a denial", c.key, c.value, got)
+		}
+	}
+	for _, c := range cases {
+		if n := srv.Client().Exists(context.Background(), c.redisKey).Val(); n != 1 {
+			t.Fatalf("entry %s:%s: no Redis key %s (keys: %v)", c.key, c.value, c.redisKey, srv.Client().Keys(context.Background(), "*").Val())
+		}
 	}
 }
