@@ -189,7 +189,19 @@ type RLS struct {
 	// ResponseHeaders sends RateLimit-Policy and RateLimit (and, with
 	// headers.legacy, X-RateLimit-*) in every answer.
 	ResponseHeaders bool
+	// OnUndecodable answers a RateLimitRequest that does not decode:
+	// UndecodableDeny (OVER_LIMIT, the default) or UndecodableAllow (OK).
+	// Either way it is a decision, never gRPC's Internal error, which
+	// Envoy's ratelimit filter lets through (failure_mode_deny is off by
+	// default) without counting it anywhere.
+	OnUndecodable string
 }
+
+// The answers rls.on_undecodable takes.
+const (
+	UndecodableDeny  = "deny"
+	UndecodableAllow = "allow"
+)
 
 // Headers holds response header options.
 type Headers struct {

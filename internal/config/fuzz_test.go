@@ -224,7 +224,7 @@ func render(t *testing.T, c *Config) []byte {
 		policies = append(policies, m)
 	}
 	doc["policies"] = policies
-	doc["rls"] = map[string]any{"domains": orEmpty(c.RLS.Domains), "response_headers": c.RLS.ResponseHeaders}
+	doc["rls"] = map[string]any{"domains": orEmpty(c.RLS.Domains), "response_headers": c.RLS.ResponseHeaders, "on_undecodable": c.RLS.OnUndecodable}
 	out, err := yaml.Marshal(doc)
 	if err != nil {
 		t.Fatalf("render: %v", err)

@@ -100,6 +100,7 @@ type rawLocal struct {
 type rawRLS struct {
 	Domains         []string `yaml:"domains"`
 	ResponseHeaders *bool    `yaml:"response_headers"`
+	OnUndecodable   string   `yaml:"on_undecodable"`
 }
 
 type rawHeaders struct {
