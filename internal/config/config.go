@@ -120,6 +120,11 @@ type Listen struct {
 	// TLS serves gRPC over TLS (mTLS with ClientCAFile), for deployments
 	// where Envoy does not reach the sidecar over loopback; nil: plaintext.
 	TLS *ServerTLS
+	// MaxConnections is the most connections the gRPC listener, and the
+	// HTTP listener, each hold open at once (DefaultMaxConnections); one
+	// past it is closed as soon as it is accepted, counted and logged
+	// (internal/connlimit). The admin listener is not capped.
+	MaxConnections int
 }
 
 // ServerTLS is the gRPC listener's certificate and, for mTLS, the CAs that

@@ -33,11 +33,12 @@ type rawConfig struct {
 }
 
 type rawListen struct {
-	GRPC       *string       `yaml:"grpc"`
-	HTTP       string        `yaml:"http"`
-	Admin      *string       `yaml:"admin"`
-	Reflection *bool         `yaml:"reflection"` // nil: on
-	TLS        *rawServerTLS `yaml:"tls"`
+	GRPC           *string       `yaml:"grpc"`
+	HTTP           string        `yaml:"http"`
+	Admin          *string       `yaml:"admin"`
+	Reflection     *bool         `yaml:"reflection"` // nil: on
+	TLS            *rawServerTLS `yaml:"tls"`
+	MaxConnections *int          `yaml:"max_connections"` // nil: DefaultMaxConnections
 }
 
 type rawServerTLS struct {
