@@ -23,32 +23,35 @@ const (
 	maxPoolSize     = 256
 )
 
-// Defaults for settings left out of the file.
+// DefaultMaxConnections is listen.max_connections: far above a sidecar's
+// one Envoy (a connection per worker thread), and per replica of a shared
+// Deployment, 256 Envoys of four workers. Each gRPC connection takes ~35
+// KiB of heap before its first call (the transport's read and write
+// buffers), so the cap bounds that at ~35 MiB
+// (TestListenerConnectionCapDefault prints it).
 const (
-	// DefaultMaxConnections is listen.max_connections: far above a
-	// sidecar's one Envoy (a connection per worker thread), and per
-	// replica of a shared Deployment, 256 Envoys of four workers. Each
-	// gRPC connection takes ~35 KiB of heap before its first call (the
-	// transport's read and write buffers), so the cap bounds that at
-	// ~35 MiB (TestListenerConnectionCapDefault prints it).
 	DefaultMaxConnections = 1024
 	maxMaxConnections     = 1_000_000
-	DefaultGRPC           = "127.0.0.1:9001"
-	DefaultAdmin          = "127.0.0.1:9090"
-	DefaultTimeout        = 150 * time.Millisecond
-	DefaultKeyPrefix      = "rl:"
-	DefaultMaxKeys        = 100_000
-	DefaultSliceIdle      = time.Second
-	DefaultLeaseTTL       = 60 * time.Second
-	maxLeaseTTL           = 10 * time.Minute
-	DefaultPeerTTL        = 15 * time.Second
-	DefaultMinPeers       = 2
-	DefaultKeyHeader      = "x-api-key"
-	minWindow             = time.Millisecond
-	maxWindow             = 366 * 24 * time.Hour
-	maxLimit              = 1 << 40
-	maxTrustedHops        = 64
-	maxPolicyKeyParts     = 8
+)
+
+// Defaults for settings left out of the file.
+const (
+	DefaultGRPC       = "127.0.0.1:9001"
+	DefaultAdmin      = "127.0.0.1:9090"
+	DefaultTimeout    = 150 * time.Millisecond
+	DefaultKeyPrefix  = "rl:"
+	DefaultMaxKeys    = 100_000
+	DefaultSliceIdle  = time.Second
+	DefaultLeaseTTL   = 60 * time.Second
+	maxLeaseTTL       = 10 * time.Minute
+	DefaultPeerTTL    = 15 * time.Second
+	DefaultMinPeers   = 2
+	DefaultKeyHeader  = "x-api-key"
+	minWindow         = time.Millisecond
+	maxWindow         = 366 * 24 * time.Hour
+	maxLimit          = 1 << 40
+	maxTrustedHops    = 64
+	maxPolicyKeyParts = 8
 )
 
 // The headers nginx's documented auth_request example sets, the defaults
