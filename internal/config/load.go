@@ -33,12 +33,13 @@ type rawConfig struct {
 }
 
 type rawListen struct {
-	GRPC           *string       `yaml:"grpc"`
-	HTTP           string        `yaml:"http"`
-	Admin          *string       `yaml:"admin"`
-	Reflection     *bool         `yaml:"reflection"` // nil: on
-	TLS            *rawServerTLS `yaml:"tls"`
-	MaxConnections *int          `yaml:"max_connections"` // nil: DefaultMaxConnections
+	GRPC       *string       `yaml:"grpc"`
+	HTTP       string        `yaml:"http"`
+	Admin      *string       `yaml:"admin"`
+	Reflection *bool         `yaml:"reflection"` // nil: on
+	TLS        *rawServerTLS `yaml:"tls"`
+
+	MaxConnections *int `yaml:"max_connections"` // nil: DefaultMaxConnections
 }
 
 type rawServerTLS struct {
