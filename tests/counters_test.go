@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -130,6 +131,63 @@ func TestCountersAPIResetReachesEveryReplica(t *testing.T) {
 			if c, err := api.Get(ctx, mode, "client:bob", ""); err != nil || c.Remaining >= 10 {
 				t.Fatalf("bob after ada's reset: %+v %v", c, err)
 			}
+		})
+	}
+	assertNoFallback(t, replicas)
+}
+
+// blockedPolicies are countersPolicies with a 10-minute penalty box: a
+// drained key is blocked far longer than the test runs.
+const blockedPolicies = `
+clients:
+  keys: [{id: ada, key: key-ada}]
+policies:
+  - {name: local, match: {path_prefix: /local}, key: [client], limit: 10, window: 1m, mode: local, block_for: 10m}
+  - {name: redis, match: {path_prefix: /redis}, key: [client], limit: 10, window: 1m, mode: redis, block_for: 10m}
+  - {name: hybrid, match: {path_prefix: /hybrid}, key: [client], limit: 10, window: 1m, mode: hybrid, block_for: 10m}
+`
+
+// The counters API's reset of a key ends its block with its count
+// (docs/algorithms.md, "Penalty box"), on every replica, in each mode: a
+// key drained into a 10-minute block is admitted its whole limit again at
+// once after a reset through one replica, where without the reset every
+// request would be denied for the next ten minutes.
+func TestCountersAPIResetEndsABlock(t *testing.T) {
+	srv := testredis.Start(t)
+	cfg := writeConfig(t, defaultsConfig(srv.Addr, "hybrid", blockedPolicies))
+	var replicas []*sidecar
+	for i := 0; i < 3; i++ {
+		replicas = append(replicas, startSidecarFile(t, cfg, []string{counters.TokenEnv + "=" + adminToken}))
+	}
+	for _, mode := range []string{"local", "redis", "hybrid"} {
+		t.Run(mode, func(t *testing.T) {
+			req := func(int) *authv3.CheckRequest {
+				return envoyRequest{method: "POST", path: "/" + mode, headers: [][2]string{{"x-api-key", "key-ada"}}}.build()
+			}
+			want := 10 // local mode: each replica's own bucket and block
+			if mode == "local" {
+				want = 30
+			}
+			results := drive(t, replicas, 45, 1, req)
+			assertFirstAdmitted(t, results, want)
+			// The denials are the block's (10 minutes), not the bucket's
+			// (a token every 6 s).
+			for _, r := range results[want:] {
+				if retry, _ := strconv.Atoi(deniedHeaders(r.resp)["retry-after"]); retry < 590 {
+					t.Fatalf("a denial after the limit: Retry-After %d, want the 10-minute block's", retry)
+				}
+			}
+			var reset counters.Reset
+			countersCLI(t, replicas[0], &reset, "reset", mode, "client:ada")
+			if !reset.Broadcast {
+				t.Fatalf("reset = %+v, want it announced", reset)
+			}
+			for _, r := range replicas[1:] {
+				waitMetric(t, r, 10*time.Second, resetsBefore(mode)+1, "extauthz_counter_resets_total", "origin", "replica")
+			}
+			// Every replica admits the whole limit again at once: the
+			// block ended with the count.
+			assertFirstAdmitted(t, drive(t, replicas, 45, 1, req), want)
 		})
 	}
 	assertNoFallback(t, replicas)

@@ -76,6 +76,12 @@ func (s *sidecar) liveMemory() (heap, rss float64) {
 	return sumMetric(mfs, "go_memstats_heap_alloc_bytes"), sumMetric(mfs, "process_resident_memory_bytes")
 }
 
+// stackInUse returns the memory of the goroutine stacks, as the runtime
+// counts it (whole stack spans).
+func (s *sidecar) stackInUse() float64 {
+	return sumMetric(s.metrics(), "go_memstats_stack_inuse_bytes")
+}
+
 func mib(b float64) string { return fmt.Sprintf("%.1f MiB", b/(1<<20)) }
 
 // One million distinct unknown API keys: every one a 401, no policy runs,

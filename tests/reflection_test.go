@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	rpbalpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
 
 	"github.com/extauthz/extauthz/internal/check"
@@ -15,8 +16,9 @@ import (
 
 // gRPC server reflection, which grpcurl and ghz read the services from:
 // on at the shipped defaults, showing only the public APIs served, its
-// stream exempt from the unary calls' deadline; off with
-// listen.reflection: false.
+// stream exempt from the unary calls' deadline, in both of the protocol's
+// versions (v1, and v1alpha, which older grpcurl and ghz builds speak);
+// off with listen.reflection: false.
 
 func TestReflectionListsThePublicServices(t *testing.T) {
 	s := startSidecar(t, "")
@@ -43,20 +45,39 @@ func TestReflectionListsThePublicServices(t *testing.T) {
 	if !slices.Equal(names, want) {
 		t.Fatalf("services %v, want %v", names, want)
 	}
+	alpha, err := rpbalpha.NewServerReflectionClient(s.conn).ServerReflectionInfo(ctx)
+	must(t, err)
+	aresp, err := askAlpha(alpha, &rpbalpha.ServerReflectionRequest{MessageRequest: &rpbalpha.ServerReflectionRequest_ListServices{}})
+	if err != nil {
+		t.Fatalf("listing the services over v1alpha: %v", err)
+	}
+	if n := len(aresp.GetListServicesResponse().GetService()); n != len(want) {
+		t.Fatalf("v1alpha lists %d services, want the %d v1 lists", n, len(want))
+	}
 
 	// Waiting on real time: a unary call is ended after RequestTimeout;
-	// a reflection stream lasts as long as its caller (grpcurl's
-	// session, ghz's start-up) and still answers after it.
+	// a reflection stream, of either version, lasts as long as its caller
+	// (grpcurl's session, ghz's start-up) and still answers after it.
 	time.Sleep(check.RequestTimeout + time.Second)
+	const symbol = "envoy.service.ratelimit.v3.RateLimitService"
 	resp, err = ask(stream, &rpb.ServerReflectionRequest{MessageRequest: &rpb.ServerReflectionRequest_FileContainingSymbol{
-		FileContainingSymbol: "envoy.service.ratelimit.v3.RateLimitService"}})
+		FileContainingSymbol: symbol}})
 	if err != nil {
-		t.Fatalf("the reflection stream after %v: %v", check.RequestTimeout+time.Second, err)
+		t.Fatalf("the v1 reflection stream after %v: %v", check.RequestTimeout+time.Second, err)
 	}
 	if len(resp.GetFileDescriptorResponse().GetFileDescriptorProto()) == 0 {
-		t.Fatalf("no file descriptors for RateLimitService: %v", resp)
+		t.Fatalf("no file descriptors for RateLimitService over v1: %v", resp)
+	}
+	aresp, err = askAlpha(alpha, &rpbalpha.ServerReflectionRequest{MessageRequest: &rpbalpha.ServerReflectionRequest_FileContainingSymbol{
+		FileContainingSymbol: symbol}})
+	if err != nil {
+		t.Fatalf("the v1alpha reflection stream after %v: %v", check.RequestTimeout+time.Second, err)
+	}
+	if len(aresp.GetFileDescriptorResponse().GetFileDescriptorProto()) == 0 {
+		t.Fatalf("no file descriptors for RateLimitService over v1alpha: %v", aresp)
 	}
 	must(t, stream.CloseSend())
+	must(t, alpha.CloseSend())
 }
 
 func TestReflectionTurnedOff(t *testing.T) {
@@ -74,6 +95,15 @@ func TestReflectionTurnedOff(t *testing.T) {
 // ask sends one request on a reflection stream and reads its answer; a
 // stream the server has ended gives its status (Send only says EOF).
 func ask(stream rpb.ServerReflection_ServerReflectionInfoClient, req *rpb.ServerReflectionRequest) (*rpb.ServerReflectionResponse, error) {
+	if err := stream.Send(req); err != nil {
+		_, err = stream.Recv()
+		return nil, err
+	}
+	return stream.Recv()
+}
+
+// askAlpha is ask over the v1alpha protocol.
+func askAlpha(stream rpbalpha.ServerReflection_ServerReflectionInfoClient, req *rpbalpha.ServerReflectionRequest) (*rpbalpha.ServerReflectionResponse, error) {
 	if err := stream.Send(req); err != nil {
 		_, err = stream.Recv()
 		return nil, err

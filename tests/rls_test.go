@@ -1,12 +1,14 @@
 package tests
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +19,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
@@ -566,5 +570,99 @@ descriptors:
 	}
 	if got := s.rlsAdmitted(100, rateLimitRequest("bulk", envoyRequest{}, actions(genericKey("bulk", "import")))); got != 100 {
 		t.Fatalf("after the requests that never fit: %d of 100 admitted", got)
+	}
+}
+
+// '=' joins an entry's key to its value in a partition key, so it is
+// escaped in both: the entries a=b:c and a:b=c, each under a limit of 2 a
+// minute, count apart (they shared one count before, so the second was
+// denied after the first spent 2), and the Redis keys show the spelling.
+// An entry without '=' keeps the key it always had
+// (internal/rls TestPartitionKeys).
+func TestRLSEntriesWithEqualsCountApart(t *testing.T) {
+	srv := testredis.Start(t)
+	section, _ := domainDir(t, map[string]string{"eq.yaml": `
+domain: eq
+descriptors:
+  - {key: a, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - {key: "a=b", rate_limit: {unit: minute, requests_per_unit: 2}}
+`})
+	s := startSidecar(t, defaultsConfig(srv.Addr, "redis", section))
+	entry := func(k, v string) *rlsv3.RateLimitRequest {
+		return rateLimitRequest("eq", envoyRequest{}, actions(genericKey(k, v)))
+	}
+	cases := []struct {
+		key, value, redisKey string
+	}{
+		{"a", "b=c", "rl:{rls/eq:a=b%3Dc}:fw"}, // a descriptor counts in a fixed window
+		{"a=b", "c", "rl:{rls/eq:a%3Db=c}:fw"},
+	}
+	for _, c := range cases {
+		var got []rlsv3.RateLimitResponse_Code
+		for range 3 {
+			got = append(got, s.shouldRateLimit(entry(c.key, c.value)).GetOverallCode())
+		}
+		ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+		if !slices.Equal(got, []rlsv3.RateLimitResponse_Code{ok, ok, over}) {
+			t.Fatalf("entry %s:%s, three requests: %v; want its own limit of 2, then a denial", c.key, c.value, got)
+		}
+	}
+	for _, c := range cases {
+		if n := srv.Client().Exists(context.Background(), c.redisKey).Val(); n != 1 {
+			t.Fatalf("entry %s:%s: no Redis key %s (keys: %v)", c.key, c.value, c.redisKey, srv.Client().Keys(context.Background(), "*").Val())
+		}
+	}
+}
+
+// A RateLimitRequest that does not decode is decided, never answered with
+// gRPC's Internal error, which Envoy's ratelimit filter lets through
+// (failure_mode_deny is off by default) uncounted: at the shipped defaults
+// it is OVER_LIMIT, counted in extauthz_rls_undecodable_requests_total and
+// as an error of the rls door. Two inputs reach it: a string that is not
+// valid UTF-8 (proto3 forbids it) and a truncated message. With
+// rls.on_undecodable: allow it is OK, counted as such. Either way the
+// connection decides a valid request after it.
+func TestRLSUndecodableRequestIsDecided(t *testing.T) {
+	section, _ := domainDir(t, map[string]string{"d.yaml": "domain: d\ndescriptors:\n  - {key: user, rate_limit: {unit: minute, requests_per_unit: 100}}\n"})
+	valid := rateLimitRequest("d", envoyRequest{headers: [][2]string{{"x-user", "PLACEHOLDER"}}}, actions(requestHeader("x-user", "user")))
+	b, err := proto.Marshal(valid)
+	must(t, err)
+	inputs := map[string][]byte{
+		"invalid UTF-8": bytes.Replace(b, []byte("PLACEHOLDER"), []byte("\xff\xfeACEHOLDER"), 1),
+		"truncated":     b[:len(b)-3],
+	}
+	for _, c := range []struct {
+		name, config, answer string
+		want                 rlsv3.RateLimitResponse_Code
+	}{
+		{"defaults", section, "over_limit", rlsv3.RateLimitResponse_OVER_LIMIT},
+		// The knob under test: an operator who prefers to let such
+		// requests through, counted.
+		{"allow", strings.Replace(section, "rls: {", "rls: {on_undecodable: allow, ", 1), "ok", rlsv3.RateLimitResponse_OK},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := startSidecar(t, c.config)
+			for name, msg := range inputs {
+				var resp rlsv3.RateLimitResponse
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				err := s.conn.Invoke(ctx, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", msg, &resp, grpc.ForceCodec(rawCodec{}))
+				cancel()
+				if err != nil {
+					t.Fatalf("%s: gRPC error %v, want a decision", name, err)
+				}
+				if resp.GetOverallCode() != c.want {
+					t.Fatalf("%s: %v, want %v", name, resp.GetOverallCode(), c.want)
+				}
+			}
+			if got := s.metric("extauthz_rls_undecodable_requests_total", "answer", c.answer); got != float64(len(inputs)) {
+				t.Fatalf("extauthz_rls_undecodable_requests_total{answer=%q} = %v, want %d", c.answer, got, len(inputs))
+			}
+			if got := s.metric("extauthz_checks_total", "door", "rls", "outcome", "error"); got != float64(len(inputs)) {
+				t.Fatalf("extauthz_checks_total{door=rls,outcome=error} = %v, want %d", got, len(inputs))
+			}
+			if resp := s.shouldRateLimit(valid); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || len(resp.GetStatuses()) != 1 {
+				t.Fatalf("a valid request after the undecodable ones: %v", resp)
+			}
+		})
 	}
 }

@@ -1,7 +1,9 @@
 package check
 
 import (
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 
@@ -58,11 +60,24 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 // gRPC would answer Internal, uncounted, and Envoy's failure_mode_allow
 // would let the request through. It decodes as the request undecodable
 // marks, which Check answers with a 400 and counts.
+//
+// The rate limit service's requests share the server and this codec: a
+// RateLimitRequest that does not decode decodes as one whose descriptors
+// are undecodableDescriptors, which UndecodableRateLimitRequest tells
+// internal/rls, and which it answers as rls.on_undecodable says.
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.std.Unmarshal(data, v)
-	if req, ok := v.(*authv3.CheckRequest); ok && err != nil {
+	if err == nil {
+		return nil
+	}
+	switch req := v.(type) {
+	case *authv3.CheckRequest:
 		req.Reset()
 		req.Attributes = undecodable
+		return nil
+	case *rlsv3.RateLimitRequest:
+		req.Reset()
+		req.Descriptors = undecodableDescriptors
 		return nil
 	}
 	return err
@@ -71,3 +86,15 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 // undecodable is the Attributes of a CheckRequest that did not decode:
 // compared by identity, never read or written.
 var undecodable = &authv3.AttributeContext{}
+
+// undecodableDescriptors are the descriptors of a RateLimitRequest that
+// did not decode: compared by the identity of their one element, never
+// read or written.
+var undecodableDescriptors = []*ratelimitv3.RateLimitDescriptor{{}}
+
+// UndecodableRateLimitRequest reports whether req is one the server could
+// not decode (see codec.Unmarshal).
+func UndecodableRateLimitRequest(req *rlsv3.RateLimitRequest) bool {
+	ds := req.GetDescriptors()
+	return len(ds) == 1 && ds[0] == undecodableDescriptors[0]
+}

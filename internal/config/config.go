@@ -120,6 +120,11 @@ type Listen struct {
 	// TLS serves gRPC over TLS (mTLS with ClientCAFile), for deployments
 	// where Envoy does not reach the sidecar over loopback; nil: plaintext.
 	TLS *ServerTLS
+	// MaxConnections is the most connections the gRPC listener, and the
+	// HTTP listener, each hold open at once (DefaultMaxConnections); one
+	// past it is closed as soon as it is accepted, counted and logged
+	// (internal/connlimit). The admin listener is not capped.
+	MaxConnections int
 }
 
 // ServerTLS is the gRPC listener's certificate and, for mTLS, the CAs that
@@ -189,7 +194,19 @@ type RLS struct {
 	// ResponseHeaders sends RateLimit-Policy and RateLimit (and, with
 	// headers.legacy, X-RateLimit-*) in every answer.
 	ResponseHeaders bool
+	// OnUndecodable answers a RateLimitRequest that does not decode:
+	// UndecodableDeny (OVER_LIMIT, the default) or UndecodableAllow (OK).
+	// Either way it is a decision, never gRPC's Internal error, which
+	// Envoy's ratelimit filter lets through (failure_mode_deny is off by
+	// default) without counting it anywhere.
+	OnUndecodable string
 }
+
+// The answers rls.on_undecodable takes.
+const (
+	UndecodableDeny  = "deny"
+	UndecodableAllow = "allow"
+)
 
 // Headers holds response header options.
 type Headers struct {

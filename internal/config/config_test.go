@@ -203,7 +203,11 @@ func TestRLSSection(t *testing.T) {
 		t.Fatalf("rls = %+v", c.RLS)
 	}
 	c, err = Parse([]byte("rls: {response_headers: false}\n"), "x.yaml")
-	if err != nil || c.RLS.ResponseHeaders || len(c.RLS.Domains) != 0 {
+	if err != nil || c.RLS.ResponseHeaders || len(c.RLS.Domains) != 0 || c.RLS.OnUndecodable != UndecodableDeny {
+		t.Fatalf("rls = %+v, %v; want a request that does not decode denied by default", c.RLS, err)
+	}
+	c, err = Parse([]byte("rls: {on_undecodable: allow}\n"), "x.yaml")
+	if err != nil || c.RLS.OnUndecodable != UndecodableAllow {
 		t.Fatalf("rls = %+v, %v", c.RLS, err)
 	}
 }

@@ -147,7 +147,7 @@ func errString(err error) string {
 // defaults, plaintext keys and warnings.
 func render(t *testing.T, c *Config) []byte {
 	t.Helper()
-	listen := map[string]any{"grpc": c.Listen.GRPC, "http": c.Listen.HTTP, "admin": c.Listen.Admin, "reflection": c.Listen.Reflection}
+	listen := map[string]any{"grpc": c.Listen.GRPC, "http": c.Listen.HTTP, "admin": c.Listen.Admin, "reflection": c.Listen.Reflection, "max_connections": c.Listen.MaxConnections}
 	if tl := c.Listen.TLS; tl != nil {
 		listen["tls"] = map[string]any{"cert_file": tl.CertFile, "key_file": tl.KeyFile, "client_ca_file": tl.ClientCAFile}
 	}
@@ -224,7 +224,7 @@ func render(t *testing.T, c *Config) []byte {
 		policies = append(policies, m)
 	}
 	doc["policies"] = policies
-	doc["rls"] = map[string]any{"domains": orEmpty(c.RLS.Domains), "response_headers": c.RLS.ResponseHeaders}
+	doc["rls"] = map[string]any{"domains": orEmpty(c.RLS.Domains), "response_headers": c.RLS.ResponseHeaders, "on_undecodable": c.RLS.OnUndecodable}
 	out, err := yaml.Marshal(doc)
 	if err != nil {
 		t.Fatalf("render: %v", err)

@@ -38,6 +38,8 @@ type rawListen struct {
 	Admin      *string       `yaml:"admin"`
 	Reflection *bool         `yaml:"reflection"` // nil: on
 	TLS        *rawServerTLS `yaml:"tls"`
+
+	MaxConnections *int `yaml:"max_connections"` // nil: DefaultMaxConnections
 }
 
 type rawServerTLS struct {
@@ -100,6 +102,7 @@ type rawLocal struct {
 type rawRLS struct {
 	Domains         []string `yaml:"domains"`
 	ResponseHeaders *bool    `yaml:"response_headers"`
+	OnUndecodable   string   `yaml:"on_undecodable"`
 }
 
 type rawHeaders struct {

@@ -23,6 +23,17 @@ const (
 	maxPoolSize     = 256
 )
 
+// DefaultMaxConnections is listen.max_connections: far above a sidecar's
+// one Envoy (a connection per worker thread), and per replica of a shared
+// Deployment, 256 Envoys of four workers. Each gRPC connection takes ~35
+// KiB of heap before its first call (the transport's read and write
+// buffers), so the cap bounds that at ~35 MiB
+// (TestListenerConnectionCapDefault prints it).
+const (
+	DefaultMaxConnections = 1024
+	maxMaxConnections     = 1_000_000
+)
+
 // Defaults for settings left out of the file.
 const (
 	DefaultGRPC       = "127.0.0.1:9001"
@@ -102,6 +113,13 @@ func validate(r *rawConfig, errs *Errors) *Config {
 	if c.Listen.HTTP != "" {
 		if err := checkListen(c.Listen.HTTP, true); err != nil {
 			errs.add("listen.http", "%q %s", c.Listen.HTTP, err)
+		}
+	}
+	c.Listen.MaxConnections = DefaultMaxConnections
+	if n := r.Listen.MaxConnections; n != nil {
+		c.Listen.MaxConnections = *n
+		if *n < 1 || *n > maxMaxConnections {
+			errs.add("listen.max_connections", "%d is out of range; give 1 to %d connections per listener", *n, maxMaxConnections)
 		}
 	}
 	sameAddress(c.Listen, errs)

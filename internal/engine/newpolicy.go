@@ -84,3 +84,10 @@ func (p *Policy) PartitionFor(values []string) string {
 // value forges another key, and a value longer than 128 bytes replaced by
 // its digest, so a key stays short whatever a request carries.
 func AppendKeyValue(b []byte, v string) []byte { return appendEscaped(b, v) }
+
+// AppendEntryPart appends a rate limit descriptor entry's key or value to
+// a partition key: escaped as AppendKeyValue escapes, and '=' too, since
+// the rate limit service joins an entry's key to its value with '=' (left
+// bare, the entries a=b:c and a:b=c shared a key). A key or value without
+// '=' is spelled as before, so its count is where it was.
+func AppendEntryPart(b []byte, v string) []byte { return appendEscapedAlso(b, v, '=') }

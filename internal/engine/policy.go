@@ -88,7 +88,7 @@ func (p *Policy) partition(a *Request, c *Client, ip identity.IPRule) (key strin
 			// Formatted on the stack, not into a string of its own.
 			var ipBuf [64]byte
 			ipb := ip.AppendKey(ipBuf[:0], a.Peer, a.Headers["x-forwarded-for"])
-			b = appendEscapedBytes(b, ipb)
+			b = appendEscapedBytes(b, ipb, 0)
 			if len(ipb) == 0 {
 				missing = true
 			}
@@ -148,22 +148,27 @@ const digestPrefix = "%sha256."
 // bytes percent-encoded, so no value can forge another key. Values longer
 // than maxKeyValue are replaced by digestPrefix and their digest's first
 // 16 bytes in hex.
-func appendEscaped(b []byte, v string) []byte {
+func appendEscaped(b []byte, v string) []byte { return appendEscapedAlso(b, v, 0) }
+
+// appendEscapedAlso is appendEscaped with one more byte, also,
+// percent-encoded: a door whose keys are structured by another byte
+// passes it (0: none more; it is escaped anyway).
+func appendEscapedAlso(b []byte, v string, also byte) []byte {
 	if len(v) > maxKeyValue {
 		sum := sha256.Sum256([]byte(v))
 		b = append(b, digestPrefix...)
 		return hex.AppendEncode(b, sum[:16])
 	}
-	return appendEscapedBytes(b, v)
+	return appendEscapedBytes(b, v, also)
 }
 
-// appendEscapedBytes is appendEscaped's escaping, for a value of at most
-// maxKeyValue bytes.
-func appendEscapedBytes[S string | []byte](b []byte, v S) []byte {
+// appendEscapedBytes is appendEscapedAlso's escaping, for a value of at
+// most maxKeyValue bytes.
+func appendEscapedBytes[S string | []byte](b []byte, v S, also byte) []byte {
 	const digits = "0123456789ABCDEF"
 	for i := 0; i < len(v); i++ {
 		c := v[i]
-		if c <= ' ' || c >= 0x7f || c == '%' || c == ':' || c == '{' || c == '}' {
+		if c <= ' ' || c >= 0x7f || c == '%' || c == ':' || c == '{' || c == '}' || c == also {
 			b = append(b, '%', digits[c>>4], digits[c&15])
 			continue
 		}

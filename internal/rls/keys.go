@@ -17,21 +17,22 @@ const keyPrefix = "rls/"
 // partition is a descriptor's partition key: the domain and every entry's
 // key and value (for an entry matched by a wildcard with share_threshold,
 // the wildcard, so every value it matches counts together), each escaped
-// as engine.AppendKeyValue does, so no value forges another key and a
-// long one is replaced by its digest. steps is nil for a limit Envoy sent.
+// as engine.AppendEntryPart does ('=' included), so no key or value
+// forges another entry and a long one is replaced by its digest. steps is
+// nil for a limit Envoy sent.
 func partition(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, steps []step) string {
 	var buf [128]byte
 	b := append(buf[:0], keyPrefix...)
 	b = engine.AppendKeyValue(b, domain)
 	for i, e := range entries {
 		b = append(b, ':')
-		b = engine.AppendKeyValue(b, e.GetKey())
+		b = engine.AppendEntryPart(b, e.GetKey())
 		b = append(b, '=')
 		v := e.GetValue()
 		if steps != nil && steps[i].how == byWildcard && steps[i].node.d.ShareThreshold {
 			v = steps[i].node.d.Value
 		}
-		b = engine.AppendKeyValue(b, v)
+		b = engine.AppendEntryPart(b, v)
 	}
 	return string(b)
 }

@@ -9,6 +9,10 @@ type Metrics struct {
 	// are answered OK without limits (as envoyproxy/ratelimit answers):
 	// a domain misspelled in Envoy's filter shows here.
 	UnknownDomains prometheus.Counter
+	// Undecodable counts requests that did not decode (a string that is
+	// not valid UTF-8, a malformed message), by the answer they got
+	// (rls.on_undecodable): "over_limit" or "ok".
+	Undecodable *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them with reg (none
@@ -17,9 +21,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{UnknownDomains: prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "extauthz", Name: "rls_unknown_domain_requests_total",
 		Help: "Rate limit service requests for a domain no descriptor file defines (answered OK, without limits).",
-	})}
+	}), Undecodable: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "extauthz", Name: "rls_undecodable_requests_total",
+		Help: "Rate limit service requests that did not decode, by the answer rls.on_undecodable gave them (over_limit, ok).",
+	}, []string{"answer"})}
+	// Both series exist from the start, so a rate over them reads 0.
+	m.Undecodable.WithLabelValues("over_limit")
+	m.Undecodable.WithLabelValues("ok")
 	if reg != nil {
-		reg.MustRegister(m.UnknownDomains)
+		reg.MustRegister(m.UnknownDomains, m.Undecodable)
 	}
 	return m
 }

@@ -157,6 +157,16 @@ func (c *compiled) headers(p *respParts, a *answer, o engine.Outcome) {
 	resp.RawBody = []byte(den.Problem.JSON())
 }
 
+// undecodableOverLimit and undecodableOK answer a request that did not
+// decode (check.UndecodableRateLimitRequest), as rls.on_undecodable says:
+// nothing of it can be read, so no descriptor status. Shared read-only.
+var (
+	undecodableOverLimit = &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT}
+	undecodableOK        = &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	undecodableAnswer    = map[rlsv3.RateLimitResponse_Code]string{
+		rlsv3.RateLimitResponse_OVER_LIMIT: "over_limit", rlsv3.RateLimitResponse_OK: "ok"}
+)
+
 // noLimits is the answer for a domain no file defines: every descriptor
 // OK, with no limit, as envoyproxy/ratelimit answers.
 func noLimits(n int) *rlsv3.RateLimitResponse {

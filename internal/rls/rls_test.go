@@ -524,6 +524,14 @@ func TestPartitionKeys(t *testing.T) {
 	if k := partition("shop", entries, nil); k != "rls/shop:user=a%3Ab:path=%7Bx%7D" {
 		t.Fatalf("key %s", k)
 	}
+	// '=' joins an entry's key to its value: one spelled in a key or a
+	// value is escaped, so a=b:c and a:b=c are two keys.
+	if k := partition("d", desc("a=b", "c").GetEntries(), nil); k != "rls/d:a%3Db=c" {
+		t.Fatalf("key %s", k)
+	}
+	if k := partition("d", desc("a", "b=c").GetEntries(), nil); k != "rls/d:a=b%3Dc" {
+		t.Fatalf("key %s", k)
+	}
 	// One value cannot forge two entries.
 	if partition("d", desc("k", "v:k=w").GetEntries(), nil) == partition("d", desc("k", "v", "k", "w").GetEntries(), nil) {
 		t.Fatal("a value forged an entry")

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 
+	"github.com/extauthz/extauthz/internal/check"
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
 	"github.com/extauthz/extauthz/internal/rlsconfig"
@@ -126,8 +127,18 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if s.now != nil {
 		now = s.now()
 	}
+	c := s.current.Load()
+	if check.UndecodableRateLimitRequest(req) {
+		resp := undecodableOverLimit
+		if c.cfg.RLS.OnUndecodable == config.UndecodableAllow {
+			resp = undecodableOK
+		}
+		s.own.Undecodable.WithLabelValues(undecodableAnswer[resp.GetOverallCode()]).Inc()
+		s.door.Observe(engine.Failed, time.Since(start).Seconds())
+		return resp, nil
+	}
 	a := answers.Get().(*answer)
-	resp, outcome, err := s.decide(ctx, s.current.Load(), req, now, a)
+	resp, outcome, err := s.decide(ctx, c, req, now, a)
 	a.reset()
 	answers.Put(a)
 	s.door.Observe(outcome, time.Since(start).Seconds())

@@ -29,6 +29,7 @@ import (
 
 	"github.com/extauthz/extauthz/internal/check"
 	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/connlimit"
 	"github.com/extauthz/extauthz/internal/counters"
 	"github.com/extauthz/extauthz/internal/engine"
 	"github.com/extauthz/extauthz/internal/httpauth"
@@ -78,6 +79,9 @@ type Sidecar struct {
 	closeStores func()
 	// counters is the counters API on the admin listener.
 	counters *counters.Handler
+	// conns counts the gRPC and HTTP listeners' connections against
+	// listen.max_connections.
+	conns *connlimit.Metrics
 
 	// Set by Start.
 	errc       chan error  // a server that stopped on its own
@@ -105,7 +109,7 @@ func New(cfg *config.Config, rc *rlsconfig.Config, o Options, log *slog.Logger) 
 	}
 	tables := map[string]metrics.TableStats{"counts": counts}
 	limiters := engine.Limiters{config.ModeLocal: local.New(counts)}
-	s := &Sidecar{opts: o, log: log, reg: reg, reloads: reloads, health: health.NewServer(), closeStores: func() {}}
+	s := &Sidecar{opts: o, log: log, reg: reg, reloads: reloads, health: health.NewServer(), closeStores: func() {}, conns: connlimit.NewMetrics(reg)}
 	var stores *redisParts // nil without a redis section
 	if cfg.Redis != nil {
 		stores, err = connectRedis(cfg, counts, reg, log)
@@ -240,6 +244,9 @@ func (s *Sidecar) Start() error {
 	if err != nil {
 		return fmt.Errorf("listen.grpc: %w", err)
 	}
+	// The doors' listeners hold at most listen.max_connections each; the
+	// admin listener is not capped (scrapers and operators, on loopback).
+	glis = connlimit.Wrap(glis, "grpc", cfg.Listen.MaxConnections, s.conns, s.log)
 	var hlis, alis net.Listener
 	if s.http != nil {
 		hlis, err = listen(cfg.Listen.HTTP)
@@ -247,6 +254,7 @@ func (s *Sidecar) Start() error {
 			glis.Close()
 			return fmt.Errorf("listen.http: %w", err)
 		}
+		hlis = connlimit.Wrap(hlis, "http", cfg.Listen.MaxConnections, s.conns, s.log)
 	}
 	if cfg.Listen.Admin != "" {
 		alis, err = listen(cfg.Listen.Admin)

@@ -127,6 +127,13 @@ func TestRedisBlockOutlivesTheCount(t *testing.T) {
 // leases when the block began: at most a slice per replica (a quarter of
 // the bucket over the replicas, hybrid.go), and when every replica kept
 // spending up to the limit, slices shrunk to about a request each.
+//
+// The run is deterministic (the clock stands still while the replicas
+// spend, so nothing refills before the block), which makes the bound a
+// figure: the denial that starts the block comes when Redis has nothing
+// left to lease, so what was out on leases then is the capacity less what
+// was admitted before it, and the replicas spend exactly that during the
+// block. The units Inspect reports leased must agree with it.
 func TestHybridBlockBound(t *testing.T) {
 	srv := testredis.Start(t)
 	rdb := srv.Client()
@@ -156,14 +163,15 @@ func testHybridBlockBound(t *testing.T, rdb *redis.Client, l quota.Limit, idle b
 	reps := newReplicas(t, rdb, clk, 3, 1000, time.Hour)
 	key := fmt.Sprintf("boxed:%s:%v", l.Algorithm, idle)
 	spenders := 3
+	var admitted int64 // before the block
 	if idle {
 		if d, err := reps[2].h.Take(ctx, key, l, 1, clk.Now()); err != nil || !d.Allowed {
 			t.Fatalf("the first take: %+v, %v", d, err)
 		}
+		admitted++
 		spenders = 2
 	}
 	// The spenders take until one is denied: the block starts there.
-	var admitted int64
 	for i := 0; ; i++ {
 		d, err := reps[i%spenders].h.Take(ctx, key, l, 1, clk.Now())
 		if err != nil {
@@ -203,15 +211,21 @@ func testHybridBlockBound(t *testing.T, rdb *redis.Client, l quota.Limit, idle b
 			during++
 		}
 	}
-	t.Logf("%s, idle=%v: %d admitted before the block, %d leased then, %d spent during it", l.Algorithm, idle, admitted, held, during)
-	if during > held {
-		t.Fatalf("%d admitted during the block, more than the %d held on leases when it began", during, held)
+	// What was out on leases when the block began: everything Redis had
+	// not seen spent, since the denial found nothing left to lease.
+	leased := l.Capacity() - admitted
+	t.Logf("%s, idle=%v: %d admitted before the block, %d leased then (%d as Inspect reads it), %d spent during it", l.Algorithm, idle, admitted, leased, held, during)
+	if held != leased {
+		t.Fatalf("the replicas report %d units leased when the block began; the capacity %d less the %d admitted before it leaves %d", held, l.Capacity(), admitted, leased)
 	}
-	if bound := l.Capacity() / 4; held > bound {
-		t.Fatalf("%d units out on leases when the block began, over a slice per replica (%d in all)", held, bound)
+	if during != leased {
+		t.Fatalf("%d admitted during the block; the replicas held %d on leases when it began, which they may spend and no more (in all %d admitted of %d)", during, leased, admitted+during, l.Capacity())
 	}
-	if !idle && held > 3 {
-		t.Fatalf("%d units out on leases at the limit; slices should have shrunk to about a request per replica", held)
+	if bound := l.Capacity() / 4; leased > bound {
+		t.Fatalf("%d units out on leases when the block began, over a slice per replica (%d in all)", leased, bound)
+	}
+	if !idle && leased > 3 {
+		t.Fatalf("%d units out on leases at the limit; slices should have shrunk to about a request per replica", leased)
 	}
 	clk.Advance(block - 10*time.Second)
 	d, err := reps[0].h.Take(ctx, key, l, 0, clk.Now())
