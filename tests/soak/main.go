@@ -274,7 +274,7 @@ func calibrate(ctx context.Context, o options, l *load) (bool, error) {
 	took := time.Since(start)
 	answered := float64(l.churnSent.Load()+hotSent(l)-l.errors.Load()) / took.Seconds()
 	fmt.Printf("calibration: %.0f calls/s answered over %v with %d in flight at most (the same mix: %.1f%% hot); p50 %v p99 %v; errors %d\n",
-		answered, took.Round(time.Millisecond), o.workers, 100*o.hotRate/o.rate, l.lat.quantile(0.5), l.lat.quantile(0.99), l.errors.Load())
+		answered, took.Round(time.Millisecond), o.workers, 100*o.hotRate/o.rate, l.lat.quantile(0.5).Round(10*time.Microsecond), l.lat.quantile(0.99).Round(10*time.Microsecond), l.errors.Load())
 	if p := l.firstError.Load(); p != nil {
 		fmt.Println("first error:", *p)
 	}

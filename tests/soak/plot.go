@@ -54,6 +54,11 @@ const (
 )
 
 func (p plot) write(path string) error {
+	var wrapped []string
+	for _, t := range p.title {
+		wrapped = append(wrapped, wrap(t, 140)...)
+	}
+	p.title = wrapped
 	var b strings.Builder
 	top := 20 + lineHeight*len(p.title) + 30
 	height := top + len(p.panels)*(panelHeight+panelGap) + 20
@@ -159,10 +164,22 @@ func niceCeil(v float64) float64 {
 }
 
 func formatTick(v float64) string {
-	if v == math.Trunc(v) {
-		return fmt.Sprintf("%.0f", v)
+	return strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.2f", v), "0"), ".")
+}
+
+// wrap breaks s at spaces into lines of at most n bytes (a longer word
+// stays whole).
+func wrap(s string, n int) []string {
+	var out []string
+	for len(s) > n {
+		cut := strings.LastIndexByte(s[:n], ' ')
+		if cut <= 0 {
+			break
+		}
+		out = append(out, s[:cut])
+		s = "    " + strings.TrimSpace(s[cut:])
 	}
-	return fmt.Sprintf("%.1f", v)
+	return append(out, s)
 }
 
 // tickStep puts about six labels on the time axis.

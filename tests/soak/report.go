@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"math"
+	"runtime"
 	"strings"
 	"time"
 )
@@ -70,8 +72,10 @@ func report(o options, l *load, samples []sample, events []event, lost []string)
 	fmt.Println("soak:", summary)
 	fmt.Printf("load: %d calls in %v (%.0f/s of %.0f/s asked; %d skipped, all %d call slots taken), p50 %v, p99 %v, %d answered after %v; %d churn keys\n",
 		sent, (o.duration + o.sampleEvery/2).Round(time.Second), achieved, o.rate, l.skipped.Load(), o.workers,
-		l.lat.quantile(0.5), l.lat.quantile(0.99), l.slow.Load(), envoyTimeout, int64(o.duration.Seconds()*l.keysPerSec))
+		l.lat.quantile(0.5).Round(10*time.Microsecond), l.lat.quantile(0.99).Round(10*time.Microsecond), l.slow.Load(), envoyTimeout, int64(o.duration.Seconds()*l.keysPerSec))
 	fmt.Println(ov)
+	machine := machineLoad(samples)
+	fmt.Println(machine)
 	if len(ov.over) > 0 {
 		for _, k := range ov.over {
 			fmt.Printf("  key h%d admitted %d, over the bound %d by %d\n", k, admitted[k], ov.bound(), admitted[k]-ov.bound())
@@ -107,8 +111,9 @@ func report(o options, l *load, samples []sample, events []event, lost []string)
 		fmt.Sprintf("extauthz soak: %s", summary),
 		fmt.Sprintf("%s, %s", o.commandLine, time.Now().UTC().Format("2006-01-02 15:04 UTC")),
 		fmt.Sprintf("3 replicas, hybrid, shipped defaults; %.0f calls/s asked, %.0f/s sent, p99 %v; %.0f churn keys/h, each live %v; SIGHUP every %v; Redis restart every %v, a replica every %v",
-			o.rate, achieved, l.lat.quantile(0.99), o.keysPerHour, o.keyLife, o.hupEvery, o.redisEvery, o.replicaEvery),
+			o.rate, achieved, l.lat.quantile(0.99).Round(10*time.Microsecond), o.keysPerHour, o.keyLife, o.hupEvery, o.redisEvery, o.replicaEvery),
 		ov.String(),
+		machine,
 		fmt.Sprintf("flat: each series' median over the last %v against the %v before the last %v began: every growth under %.0f%%", window, window, o.flatSpan, 100*maxGrowth),
 	}
 	if o.machineShared != "" {
@@ -127,4 +132,23 @@ func report(o options, l *load, samples []sample, events []event, lost []string)
 	}
 	fmt.Println("\nplot:", o.svg)
 	return flat && ov.ok() && len(lost) == 0, nil
+}
+
+// machineLoad summarises the machine's load average over the run, the
+// soak's processes and everything else that ran: well above the CPU
+// count, the soak shared the machine.
+func machineLoad(samples []sample) string {
+	var sum, hi float64
+	var n int
+	for _, s := range samples {
+		if !math.IsNaN(s.loadAvg) {
+			sum += s.loadAvg
+			hi = math.Max(hi, s.loadAvg)
+			n++
+		}
+	}
+	if n == 0 {
+		return "machine load: not read"
+	}
+	return fmt.Sprintf("machine: %d CPUs, 1-minute load average %.1f on average over the run, %.1f at most (/proc/loadavg)", runtime.NumCPU(), sum/float64(n), hi)
 }

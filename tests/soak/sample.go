@@ -5,6 +5,7 @@ import (
 	"context"
 	"math"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,7 @@ type sample struct {
 	replica     [][]float64   // [replica][series]
 	redisMemory float64       // INFO memory used_memory, bytes
 	redisKeys   float64       // DBSIZE
+	loadAvg     float64       // the machine's 1-minute load average (/proc/loadavg): what else ran
 }
 
 var httpClient = &http.Client{Timeout: 2 * time.Second}
@@ -77,7 +79,12 @@ func scrape(ctx context.Context, admin string, names []string) (map[string]float
 
 // takeSample reads every replica's series and Redis's memory.
 func takeSample(ctx context.Context, at time.Duration, replicas []*replica, rdb *redis.Client) sample {
-	s := sample{at: at, redisMemory: math.NaN(), redisKeys: math.NaN()}
+	s := sample{at: at, redisMemory: math.NaN(), redisKeys: math.NaN(), loadAvg: math.NaN()}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			s.loadAvg, _ = strconv.ParseFloat(f[0], 64)
+		}
+	}
 	names := make([]string, len(replicaSeries))
 	for i, m := range replicaSeries {
 		names[i] = m.metric
