@@ -69,6 +69,7 @@ type options struct {
 	svg                      string
 	calibrate                time.Duration
 	replicas                 int
+	restartReplica           int
 	commandLine              string
 	machineShared            string
 }
@@ -88,7 +89,8 @@ func main() {
 	flag.DurationVar(&o.keyLife, "key-life", time.Minute, "how long a churn key receives calls after it arrives")
 	flag.DurationVar(&o.hupEvery, "sighup", 30*time.Second, "SIGHUP every replica this often")
 	flag.DurationVar(&o.redisEvery, "redis-restart", 0, "restart Redis (empty: no persistence) this often (default: 5m per 30m of -duration)")
-	flag.DurationVar(&o.replicaEvery, "replica-restart", 0, "restart one replica, in turn, this often (default: 10m per 30m of -duration)")
+	flag.DurationVar(&o.replicaEvery, "replica-restart", 0, "restart a replica this often (default: 10m per 30m of -duration)")
+	flag.IntVar(&o.restartReplica, "restart-replica", 0, "the replica restarted every -replica-restart; -1: each in turn")
 	flag.DurationVar(&o.sampleEvery, "sample", 0, "sample the series this often (default: 10s per 30m of -duration, at least 1s)")
 	flag.DurationVar(&o.flatSpan, "flat-span", 0, "the run's last span that must be flat (default: 10m per 30m of -duration)")
 	flag.IntVar(&o.workers, "workers", 64, "calls in flight at most; a call due while all are taken is skipped and counted")
@@ -298,8 +300,11 @@ func row(s sample, series int, scale float64) string {
 }
 
 // runEvents sends the SIGHUPs and does the restarts at their times, in
-// order, until the run ends: Redis at every redisEvery, replica k mod n
-// at every replicaEvery (after Redis's when both fall together).
+// order, until the run ends: Redis at every redisEvery, a replica at
+// every replicaEvery (after Redis's when both fall together): the same
+// one by default, so that the others run the whole soak and the
+// flatness verdict sees them through every restart of the fleet
+// (verdict.go says why a replica restarted late is not judged).
 func runEvents(ctx context.Context, o options, start time.Time, rs *redisServer, replicas []*replica) ([]event, []string) {
 	type due struct {
 		at   time.Duration
@@ -311,7 +316,11 @@ func runEvents(ctx context.Context, o options, start time.Time, rs *redisServer,
 		plan = append(plan, due{time.Duration(k) * o.redisEvery, 0, k})
 	}
 	for k := 1; time.Duration(k)*o.replicaEvery < o.duration; k++ {
-		plan = append(plan, due{time.Duration(k) * o.replicaEvery, 1, (k - 1) % len(replicas)})
+		which := o.restartReplica
+		if which < 0 || which >= len(replicas) {
+			which = (k - 1) % len(replicas)
+		}
+		plan = append(plan, due{time.Duration(k) * o.replicaEvery, 1, which})
 	}
 	for k := 1; time.Duration(k)*o.hupEvery < o.duration; k++ {
 		plan = append(plan, due{time.Duration(k) * o.hupEvery, 2, k})

@@ -36,8 +36,16 @@ func report(o options, l *load, samples []sample, events []event, lost []string)
 
 	flat := true
 	var notFlat []string
+	// When each replica's running process started.
+	started := make([]time.Duration, o.replicas)
+	for _, e := range events {
+		if e.replica >= 0 {
+			started[e.replica] = e.at
+		}
+	}
+	judgedReplica := func(r int) bool { return warm(started[r], end, o.flatSpan, window) }
 	for i, g := range growths {
-		if i < len(replicaSeries)*o.replicas && !replicaSeries[i/o.replicas].judged {
+		if i < len(replicaSeries)*o.replicas && (!replicaSeries[i/o.replicas].judged || !judgedReplica(i%o.replicas)) {
 			continue
 		}
 		if ok, why := g.flat(); !ok {
@@ -97,8 +105,11 @@ func report(o options, l *load, samples []sample, events []event, lost []string)
 			g := growths[gi]
 			gi++
 			judged := ""
-			if !s.judged {
-				judged = " (not judged)"
+			switch {
+			case !s.judged:
+				judged = " (not judged: sawtooth)"
+			case !judgedReplica(r):
+				judged = fmt.Sprintf(" (not judged: restarted at %v)", started[r].Round(time.Second))
 			}
 			fmt.Printf("| replica %d %s %s | %.4g | %.4g | %.4g | %.4g | %+.1f%%%s |\n", r, s.title, s.unit, f, la, g.first, g.last, 100*g.rate(), judged)
 		}

@@ -89,3 +89,18 @@ func TestOracleBoundIsOneExactBucketPlusTheForgotten(t *testing.T) {
 		t.Error("no hot key driven passed")
 	}
 }
+
+// The claim: a replica is judged over the last 10 minutes of a 30-minute
+// run only if it had run 10 minutes when they began (the minute before
+// them, from minute 19): one never restarted, or restarted by minute 9.
+func TestOnlyAWarmReplicaIsJudged(t *testing.T) {
+	const span, window, end = 10 * time.Minute, time.Minute, 30 * time.Minute
+	for _, c := range []struct {
+		start time.Duration
+		warm  bool
+	}{{0, true}, {9 * time.Minute, true}, {10 * time.Minute, false}, {20 * time.Minute, false}} {
+		if got := warm(c.start, end, span, window); got != c.warm {
+			t.Errorf("started at %v: judged %v, want %v", c.start, got, c.warm)
+		}
+	}
+}
