@@ -21,7 +21,7 @@
 // on 127.0.0.1, and every process it started is stopped when it ends
 // (or killed by the kernel if it dies: Pdeathsig).
 //
-//	go run ./tests/soak [-bin bin/extauthz] [-duration 30m] [-rate 2000] ...
+//	go run ./tests/soak [-bin bin/extauthz] [-duration 30m] [-rate 1000] ...
 package main
 
 import (
@@ -255,7 +255,7 @@ func run(ctx context.Context, o options) (bool, error) {
 		if p := l.firstError.Load(); p != nil {
 			first = *p
 		}
-		lost = append(lost, fmt.Sprintf("%d calls got a gRPC error (first: %s)", n, first))
+		lost = append(lost, fmt.Sprintf("gRPC errors: %d calls (first: %s)", n, first))
 	}
 	if n := l.unexpected.Load(); n > 0 {
 		lost = append(lost, fmt.Sprintf("%d answers neither 200 nor 429", n))

@@ -159,7 +159,7 @@ func (v oracleVerdict) String() string {
 	if !v.ok() {
 		verdict = fmt.Sprintf("FAILED on %d of %d keys", len(v.over), len(v.admitted))
 	}
-	return fmt.Sprintf("oracle %s: %d hot keys at %d/%v over %v, %d Redis restarts; most admitted %d (key h%d) of at most %d (one exact bucket %.0f + %d × %d forgotten); mean %.3f of one exact bucket",
+	return fmt.Sprintf("oracle %s: %d hot keys at %d/%v over %v, %d Redis restarts; most admitted %d (key h%d) of at most %d (one exact bucket %.1f + %d × %d forgotten); mean %.3f of one exact bucket",
 		verdict, len(v.admitted), v.limit, v.window, v.span.Round(time.Second), v.restarts, v.admitted[v.maxKey], v.maxKey,
 		v.bound(), v.exact(), v.restarts, v.limit, v.meanOfFull)
 }
