@@ -207,9 +207,12 @@ type Hybrid struct {
 	// (Confirmed); era the changes found (Forgot).
 	confirms atomic.Int64
 	era      atomic.Int64
-	stop     chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
+	// exactUntil (unix ns): until then every lease call asks for the
+	// request's cost only, as redis mode does (forgetExact).
+	exactUntil atomic.Int64
+	stop       chan struct{}
+	stopOnce   sync.Once
+	wg         sync.WaitGroup
 }
 
 // giveback is a lease (or plain tokens, lease.id 0) to return to Redis.
@@ -343,6 +346,9 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		// the old slice meanwhile; if the call fails, what it held is
 		// lost to this replica until the lease ends in Redis: under-use.
 		want := max(h.sliceSizeLocked(e, l, ns), need)
+		if ns < h.exactUntil.Load() {
+			want = need // Redis just forgot: exact until the others' debts land (forgetExact)
+		}
 		old := e.retiringLocked(ns)
 		e.dropLeaseLocked()
 		f := &flight{done: make(chan struct{})}
@@ -773,6 +779,16 @@ func (h *Hybrid) Close(ctx context.Context) {
 	h.Sweep(h.opts.Now(), 0, "shutdown")
 }
 
+// forgetExact is how long after learning that Redis forgot a replica
+// takes exactly what each request costs, leasing nothing ahead: two
+// heartbeats, long enough for the other replicas to be back too (their
+// breakers close within a probe interval of each other) and to charge
+// their fallback debts, each with its first call of a key. Leasing a
+// slice ahead before the others' debts landed would hand out tokens that
+// those debts spend: the debts arrive one by one, and in redis mode the
+// first replica back takes a request's cost meanwhile, not a slice.
+const forgetExact = 2 * time.Second
+
 // forgotten counts a lease Redis had forgotten, and the tokens its
 // retirement charged.
 func (h *Hybrid) forgotten(charged int64) {
@@ -810,6 +826,7 @@ func (h *Hybrid) Confirmed() { h.confirms.Add(1) }
 // (its count starts again with the state; nothing is given back to it).
 func (h *Hybrid) Forgot(string) {
 	h.era.Add(1)
+	h.exactUntil.Store(h.opts.Now().Add(forgetExact).UnixNano())
 	h.holdersMu.Lock()
 	keys := make([]string, 0, len(h.holders))
 	for k := range h.holders {
