@@ -28,7 +28,8 @@ import (
 //     two exact buckets fed the same arrivals a millisecond apart differ
 //     by at most the token one of them refilled in between;
 //   - hybrid is not paid twice: it admits at least 99% of what redis mode
-//     admits (less that token per key);
+//     admits within one exact bucket (what redis mode admits beyond the
+//     bucket was never owed), less that token per key;
 //   - no gRPC error, and decisions are Redis-backed again within 2 s of
 //     the fault's end.
 
@@ -128,22 +129,24 @@ func degraded(replicas []*sidecar) float64 {
 // assertOracle checks the claims above for admissions counted from the
 // fault on: bucket is what one exact bucket per key admits over the
 // phase (its capacity at the start, what refills over elapsed), keys the
-// number of keys.
-func assertOracle(t *testing.T, got tallies, bucket, keys int) {
+// number of keys; redisHeld says whether redis mode is held to bucket
+// (see the restart's test).
+func assertOracle(t *testing.T, got tallies, bucket, keys int, redisHeld bool) {
 	t.Helper()
 	t.Logf("from the fault on: hybrid admitted %d of %d, redis mode %d of %d, in %v; one exact bucket per key: %d",
 		got.hybrid, got.hybridN, got.redis, got.redisN, got.elapsed.Round(time.Millisecond), bucket)
 	if got.hybridErrs+got.redisErrs != 0 {
 		t.Errorf("gRPC errors: hybrid %d, redis mode %d; want none", got.hybridErrs, got.redisErrs)
 	}
-	if got.redis > bucket {
+	if redisHeld && got.redis > bucket {
 		t.Errorf("redis mode admitted %d; one exact bucket per key allows %d", got.redis, bucket)
 	}
 	if got.hybrid > got.redis+keys {
 		t.Errorf("hybrid admitted %d; redis mode, the oracle, %d: want no more (but a token per key, %d)", got.hybrid, got.redis, keys)
 	}
-	if least := got.redis*99/100 - keys; got.hybrid < least {
-		t.Errorf("hybrid admitted %d; redis mode %d: want at least %d (99%%, less a token per key): the fault was paid twice", got.hybrid, got.redis, least)
+	if least := min(got.redis, bucket)*99/100 - keys; got.hybrid < least {
+		t.Errorf("hybrid admitted %d; redis mode %d, one exact bucket %d: want at least %d (99%% of the lower, less a token per key): the fault was paid twice",
+			got.hybrid, got.redis, bucket, least)
 	}
 }
 
@@ -178,7 +181,12 @@ func TestForgetRestartAfterOutage(t *testing.T) {
 	run := tallies{hybrid: during.hybrid + after.hybrid, redis: during.redis + after.redis, hybridN: during.hybridN + after.hybridN,
 		redisN: during.redisN + after.redisN, hybridErrs: during.hybridErrs + after.hybridErrs, redisErrs: during.redisErrs + after.redisErrs,
 		elapsed: elapsed}
-	assertOracle(t, run, 90+int(elapsed/(time.Minute/90)), 1)
+	// Redis mode is not held to the bucket here: the replicas' fallback
+	// debts reach the new Redis one by one, each with its replica's first
+	// call, and the replicas back first admit meanwhile (docs/modes.md,
+	// the debt's note in bucket_lease.lua): 2 over it in the runs
+	// measured. Hybrid is held to redis mode.
+	assertOracle(t, run, 90+int(elapsed/(time.Minute/90)), 1, false)
 }
 
 // flushPolicy is the report's second run, 10 keys, at 60 a minute where
@@ -257,7 +265,7 @@ func TestForgetFlushWhileLeasesAreHeld(t *testing.T) {
 			if got.redisN < 2*bucket {
 				t.Fatalf("%d decisions for a bucket of %d: the load was not over the limit, the run proves nothing", got.redisN, bucket)
 			}
-			assertOracle(t, got, bucket, flushKeys)
+			assertOracle(t, got, bucket, flushKeys, true)
 			forgotten := 0.0
 			for _, s := range f.hybrid {
 				forgotten += s.metric("extauthz_hybrid_leases_forgotten_total")

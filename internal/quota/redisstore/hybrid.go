@@ -135,8 +135,9 @@ type slice struct {
 // retiringLocked is what retires e's lease: for a bucket's lease still
 // live at ns, with the key state it was granted under and what to charge
 // if Redis no longer holds it (everything spent of it, or, once stopped,
-// what was spent since the last confirmed heartbeat).
-func (e *keyState) retiringLocked(ns int64) held {
+// what was spent since the last confirmed heartbeat; the script takes the
+// latter when the epoch changed too: held.owedSince).
+func (h *Hybrid) retiringLocked(e *keyState, ns int64) held {
 	r := held{id: e.leaseID, granted: e.granted, unspent: e.tokens + e.lapsed}
 	if e.granted > 0 {
 		r.unspent += e.parked
@@ -144,8 +145,14 @@ func (e *keyState) retiringLocked(ns int64) held {
 	if e.algorithm == quota.TokenBucket && e.granted > 0 && e.k > 0 && ns < e.until.UnixNano() {
 		r.k, r.g = e.k, e.g
 		r.owed = max(e.granted-e.tokens-e.parked, 0)
+		if e.confirmSeq == h.confirms.Load() { // touched since the last confirmation
+			r.owedSince = min(max(e.atConfirm-e.tokens, 0), r.owed)
+		}
 		if e.stopped {
-			r.owed = e.owed
+			r.owed, r.owedSince = e.owed, e.owed
+		}
+		if p := h.epoch.Load(); p != nil {
+			r.epoch = *p
 		}
 	}
 	return r
@@ -206,6 +213,7 @@ type Hybrid struct {
 	// confirms counts the heartbeats that found the Redis state unchanged
 	// (Confirmed); era the changes found (Forgot).
 	confirms atomic.Int64
+	epoch    atomic.Pointer[string] // the epoch the last confirmation found
 	era      atomic.Int64
 	// exactUntil (unix ns): until then every lease call asks for the
 	// request's cost only, as redis mode does (forgetExact).
@@ -349,7 +357,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		if ns < h.exactUntil.Load() {
 			want = need // Redis just forgot: exact until the others' debts land (forgetExact)
 		}
-		old := e.retiringLocked(ns)
+		old := h.retiringLocked(e, ns)
 		e.dropLeaseLocked()
 		f := &flight{done: make(chan struct{})}
 		e.flight = f
@@ -373,7 +381,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 			return quota.Decision{}, err
 		}
 		if ls.forgot {
-			h.forgotten(old.owed)
+			h.forgotten()
 		} else if old.unspent > 0 {
 			h.opts.Metrics.TokensReturned.WithLabelValues("renewed").Add(float64(old.unspent))
 		}
@@ -476,8 +484,8 @@ func (h *Hybrid) charge(ctx context.Context, key string, l quota.Limit, n int64,
 
 // heldBack is the give-back of the lease e holds for key as of ns,
 // unspent tokens and all.
-func heldBack(key string, e *keyState, ns int64, reason string) giveback {
-	return giveback{key: key, algorithm: e.algorithm, window: e.window, lease: e.retiringLocked(ns), reason: reason}
+func (h *Hybrid) heldBack(key string, e *keyState, ns int64, reason string) giveback {
+	return giveback{key: key, algorithm: e.algorithm, window: e.window, lease: h.retiringLocked(e, ns), reason: reason}
 }
 
 // leased is one lease call's outcome, for any algorithm that leases.
@@ -518,7 +526,7 @@ func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time
 		return false
 	}
 	if e.algorithm != l.Algorithm {
-		h.enqueue(heldBack(key, e, now.UnixNano(), "reload"))
+		h.enqueue(h.heldBack(key, e, now.UnixNano(), "reload"))
 		e.dropLeaseLocked()
 		return false
 	}
@@ -641,7 +649,7 @@ func (h *Hybrid) evicted(key string, e *keyState) {
 		if !now.Before(e.until) {
 			h.expireLocked(e)
 		}
-		h.enqueue(heldBack(key, e, now.UnixNano(), "evicted"))
+		h.enqueue(h.heldBack(key, e, now.UnixNano(), "evicted"))
 		e.dropLeaseLocked()
 	}
 }
@@ -680,10 +688,7 @@ func (h *Hybrid) giveBack(ctx context.Context, g giveback) {
 		if err == nil && r != returnedKnown {
 			// Redis had forgotten the lease: nothing went back, and what
 			// was spent of it was charged (unless the key was gone).
-			if r == returnedKeyGone {
-				g.lease.owed = 0
-			}
-			h.forgotten(g.lease.owed)
+			h.forgotten()
 			return
 		}
 	default:
@@ -749,7 +754,7 @@ func (h *Hybrid) Sweep(now time.Time, idle time.Duration, reason string) {
 			delete(h.holders, key)
 			e.holding = false
 		case ns-e.lastUsed >= int64(idle) && e.flight == nil && (reason != "idle" || 2*e.remote < e.capacity):
-			g = heldBack(key, e, ns, reason)
+			g = h.heldBack(key, e, ns, reason)
 			e.dropLeaseLocked()
 			delete(h.holders, key)
 			e.holding = false
@@ -789,12 +794,8 @@ func (h *Hybrid) Close(ctx context.Context) {
 // first replica back takes a request's cost meanwhile, not a slice.
 const forgetExact = 2 * time.Second
 
-// forgotten counts a lease Redis had forgotten, and the tokens its
-// retirement charged.
-func (h *Hybrid) forgotten(charged int64) {
-	h.opts.Metrics.LeasesForgotten.Inc()
-	h.opts.Metrics.TokensCharged.Add(float64(charged))
-}
+// forgotten counts a lease Redis had forgotten.
+func (h *Hybrid) forgotten() { h.opts.Metrics.LeasesForgotten.Inc() }
 
 // touchLocked brings e up to the store's state before a decision: after a
 // heartbeat confirmed the state, the lease's unspent tokens are what was
@@ -816,7 +817,10 @@ func (h *Hybrid) touchLocked(e *keyState) {
 
 // Confirmed implements StateWatcher: a heartbeat found the Redis state
 // unchanged, so every unit spent from leases so far was counted in it.
-func (h *Hybrid) Confirmed() { h.confirms.Add(1) }
+func (h *Hybrid) Confirmed(epoch string) {
+	h.epoch.Store(&epoch)
+	h.confirms.Add(1)
+}
 
 // Forgot implements StateWatcher: a heartbeat found Redis in another state
 // (see the design note). Every lease held stops: a bucket's unspent tokens

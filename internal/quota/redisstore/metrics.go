@@ -39,10 +39,8 @@ type Metrics struct {
 	// (another server or a restart: a failover, an RDB restored).
 	StateLost *prometheus.CounterVec
 	// LeasesForgotten counts hybrid leases Redis no longer held when they
-	// were retired (nothing given back; what was spent charged), and
-	// TokensCharged what those charges were.
+	// were retired (nothing given back; what was spent charged).
 	LeasesForgotten prometheus.Counter
-	TokensCharged   prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them with reg (none
@@ -99,10 +97,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: ns, Name: "hybrid_leases_forgotten_total",
 			Help: "Hybrid leases Redis no longer held when they were retired: nothing given back, what was spent of them charged.",
 		}),
-		TokensCharged: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "hybrid_forgotten_tokens_charged_total",
-			Help: "Tokens spent from leases Redis had forgotten, charged to its buckets when the leases were retired.",
-		}),
 	}
 	// Series that exist from the start, so dashboards and alerts see 0
 	// rather than nothing.
@@ -114,7 +108,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Calls, m.Duration, m.Up, m.BreakerOpened, m.NodesDown, m.SlicesLeased, m.TokensLeased,
-			m.TokensReturned, m.LeaseWaits, m.Peers, m.StateLost, m.LeasesForgotten, m.TokensCharged)
+			m.TokensReturned, m.LeaseWaits, m.Peers, m.StateLost, m.LeasesForgotten)
 	}
 	return m
 }

@@ -112,8 +112,9 @@ func (p *Peers) Count() int64 { return p.count.Load() }
 // StateWatcher learns, with every heartbeat, whether Redis still holds
 // what the replicas wrote (see CheckState).
 type StateWatcher interface {
-	// Confirmed: the state read is the one read before (or the first).
-	Confirmed()
+	// Confirmed: the state read is the one read before (or the first,
+	// or the one after a change), whose epoch key holds epoch.
+	Confirmed(epoch string)
 	// Forgot: it is another, which may lack what was written to the one
 	// before; why says how it was told (epoch: the epoch key was lost;
 	// run_id: another server, or the same restarted).
@@ -152,7 +153,7 @@ func (p *Peers) CheckState(ctx context.Context) {
 	}
 	p.known = id
 	for _, w := range p.watchers {
-		w.Confirmed()
+		w.Confirmed(id.Epoch)
 	}
 }
 

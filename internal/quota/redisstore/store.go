@@ -280,16 +280,34 @@ type leaseAsk struct {
 type held struct {
 	id, granted, unspent int64
 	k, g, owed           int64
+	// owedSince is what of owed was spent since the last heartbeat that
+	// found the store's state unchanged, epoch that state's epoch: when
+	// Redis no longer holds the grant and its epoch is another (the whole
+	// store was lost after that heartbeat, so every unit spent before it
+	// was counted in what was lost), only owedSince is charged.
+	owedSince int64
+	epoch     string
+}
+
+// retireKeys are the keys of a script that retires h on partition: the
+// bucket, and the epoch key when h names an epoch to compare (never on a
+// Cluster, where the epoch key lives in a slot of its own: there the
+// whole of owed is charged).
+func (s *Store) retireKeys(partition string, h held) []string {
+	if h.k > 0 && h.epoch != "" && s.opts.Router == nil {
+		return []string{s.key(partition), EpochKey(s.opts.Prefix)}
+	}
+	return []string{s.key(partition)}
 }
 
 // lease takes between a.need and a.want tokens of partition's bucket
 // under l, or none when fewer than need remain (want 0, need 1 asks
 // without taking), after charging a.debt and retiring a.retire.
 func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a leaseAsk) (lease, error) {
-	v, err := s.run(ctx, "lease", bucketLease, []string{s.key(partition)},
+	v, err := s.run(ctx, "lease", bucketLease, s.retireKeys(partition, a.retire),
 		intervalMicros(l), l.Capacity(), a.want, a.need, s.nowArg(time.Microsecond), a.debt,
 		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent, a.spent, chargeFlag(a.charge), blockMicros(l),
-		a.retire.k, a.retire.g, a.retire.owed)
+		a.retire.k, a.retire.g, a.retire.owed, a.retire.owedSince, a.retire.epoch)
 	if err != nil {
 		return lease{}, err
 	}
@@ -340,7 +358,7 @@ const (
 // no longer holds the lease's grant (h.k, h.g): then it charges h.owed
 // instead and gives nothing back.
 func (s *Store) giveBack(ctx context.Context, partition string, n int64, h held) (returned, error) {
-	v, err := s.run(ctx, "return", bucketReturn, []string{s.key(partition)}, n, s.nowArg(time.Microsecond), h.id, h.granted, h.k, h.g, h.owed)
+	v, err := s.run(ctx, "return", bucketReturn, s.retireKeys(partition, h), n, s.nowArg(time.Microsecond), h.id, h.granted, h.k, h.g, h.owed, h.owedSince, h.epoch)
 	if err != nil {
 		return returnedKnown, err
 	}

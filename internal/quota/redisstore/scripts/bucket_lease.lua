@@ -52,6 +52,11 @@
 --          this script returned them; empty or 0 when the lease has ended on
 --          the replica: nothing to check) and what to charge when this
 --          Redis does not hold that grant (bucket_state.lua, bucket_retire).
+-- ARGV[18], ARGV[19], KEYS[2]  what of ARGV[17] was spent since the
+--          replica's last heartbeat that found the store unchanged, and the
+--          epoch it found: when the epoch key (KEYS[2]) holds another, the
+--          whole store was lost since, and only ARGV[18] is charged
+--          (bucket_owed). No KEYS[2]: ARGV[17].
 --
 -- In hybrid mode a block stops the grants, not the spending of leases
 -- granted before it: those replicas may still admit what they hold, at
@@ -88,7 +93,7 @@ local b = bucket_load(KEYS[1], iv, now)
 b.iv = iv
 local forgot = 0
 if bucket_retire(KEYS[1], b, tonumber(ARGV[9]), tonumber(ARGV[10]) or 0, tonumber(ARGV[11]) or 0,
-    tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])) then
+    tonumber(ARGV[15]), tonumber(ARGV[16]), bucket_owed(KEYS[2], ARGV[17], ARGV[18], ARGV[19])) then
   forgot = 1
 end
 

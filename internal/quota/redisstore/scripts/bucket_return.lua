@@ -11,6 +11,8 @@
 -- ARGV[5], ARGV[6], ARGV[7]  the lease's key state (k, g) and what to
 --          charge when this Redis does not hold its grant, as in
 --          bucket_lease.lua. Empty: nothing to check.
+-- ARGV[8], ARGV[9], KEYS[2]  as ARGV[18], ARGV[19] and KEYS[2] of
+--          bucket_lease.lua.
 --
 -- Returns {1 when the bucket still has state, 0 when it is full (and has
 -- been deleted); 1 when the lease named was one this Redis had forgotten,
@@ -28,7 +30,7 @@ if not b then
 end
 local forgot = 0
 if bucket_retire(KEYS[1], b, tonumber(ARGV[3]), tonumber(ARGV[4]) or 0, tonumber(ARGV[1]) or 0,
-    tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])) then
+    tonumber(ARGV[5]), tonumber(ARGV[6]), bucket_owed(KEYS[2], ARGV[7], ARGV[8], ARGV[9])) then
   forgot = 1
 end
 bucket_save(KEYS[1], b, now, keep)

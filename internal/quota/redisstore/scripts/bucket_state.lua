@@ -140,6 +140,21 @@ local function bucket_retire(key, b, at, granted, unspent, k, g, owed)
   return false
 end
 
+-- bucket_owed is what to charge for a lease this Redis forgot: all the
+-- replica spent of it (owed), or, when the epoch key no longer holds the
+-- epoch the replica last confirmed (the whole store was lost after that
+-- confirmation, so what was spent before it was counted in the state
+-- lost, as redis mode's admissions were), what was spent since (since).
+-- An eviction or a failover keeps the epoch: all of it is charged, as the
+-- key may have been lost at any time since the lease was granted.
+local function bucket_owed(epoch_key, owed, since, epoch)
+  owed = tonumber(owed) or 0
+  if epoch_key and epoch and epoch ~= '' and redis.call('GET', epoch_key) ~= epoch then
+    return math.min(tonumber(since) or 0, owed)
+  end
+  return owed
+end
+
 -- bucket_count_lease records a lease counted out: the key's incarnation
 -- (set at its first lease) and one more generation. Returns both.
 local function bucket_count_lease(key, b)
