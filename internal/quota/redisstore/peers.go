@@ -133,10 +133,18 @@ func (p *Peers) Watch(w StateWatcher) {
 // heartbeat and whenever the store warms a Redis that came back, before
 // decisions reach it.
 func (p *Peers) CheckState(ctx context.Context) {
+	id, err := p.store.identity(ctx, randomHex(8)) // a value never proposed before: a state that lost the key gets a new one
+	if err != nil {
+		return
+	}
+	p.observe(id)
+}
+
+// observe tells the watchers whether id is the state read before.
+func (p *Peers) observe(id Identity) {
 	p.stateMu.Lock()
 	defer p.stateMu.Unlock()
-	id, err := p.store.identity(ctx, randomHex(8)) // a value never proposed before: a state that lost the key gets a new one
-	if err != nil || id.Epoch == "" {
+	if id.Epoch == "" {
 		return
 	}
 	if p.known != (Identity{}) && id != p.known {
@@ -158,13 +166,17 @@ func (p *Peers) CheckState(ctx context.Context) {
 }
 
 // Beat sends one heartbeat, updates the count and checks the Redis state
-// (CheckState).
+// (CheckState: in the heartbeat's own call but on a Cluster).
 func (p *Peers) Beat(ctx context.Context) {
-	n, missing, err := p.store.heartbeat(ctx, p.id, p.ttl)
+	n, missing, state, err := p.store.heartbeat(ctx, p.id, p.ttl, randomHex(8))
 	if err != nil || n < 1 {
 		return
 	}
-	p.CheckState(ctx)
+	if state.Epoch != "" {
+		p.observe(state)
+	} else {
+		p.CheckState(ctx)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()

@@ -405,19 +405,29 @@ func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit
 }
 
 // heartbeat records replica id and returns the number of replicas heard
-// within ttl, and whether id's entry was missing from the set.
-func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration) (n int64, missing bool, err error) {
-	v, err := s.run(ctx, "peers", peersScript, []string{s.peersKey()}, id, ttl.Milliseconds(), s.nowArg(time.Microsecond))
+// within ttl, whether id's entry was missing from the set, and, but on a
+// Cluster (where the epoch key lives in a slot of its own), the Redis
+// state's Identity, proposing propose as its epoch (see identity).
+func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration, propose string) (n int64, missing bool, state Identity, err error) {
+	keys := []string{s.peersKey()}
+	if s.opts.Router == nil {
+		keys = append(keys, EpochKey(s.opts.Prefix))
+	}
+	v, err := s.run(ctx, "peers", peersScript, keys, id, ttl.Milliseconds(), s.nowArg(time.Microsecond), propose)
 	if err != nil {
-		return 0, false, err
+		return 0, false, Identity{}, err
 	}
 	r, _ := v.([]any)
-	if len(r) != 2 {
-		return 0, false, fmt.Errorf("redisstore: peers script returned %v", v)
+	if len(r) != 2 && len(r) != 4 {
+		return 0, false, Identity{}, fmt.Errorf("redisstore: peers script returned %v", v)
 	}
 	n, _ = r[0].(int64)
 	a, _ := r[1].(int64)
-	return n, a == 1, nil
+	if len(r) == 4 {
+		state.Epoch, _ = r[2].(string)
+		state.RunID, _ = r[3].(string)
+	}
+	return n, a == 1, state, nil
 }
 
 // leave removes replica id from the heartbeat set at shutdown, so peers
