@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/extauthz/extauthz/internal/quota"
@@ -70,6 +71,25 @@ import (
 // after SliceIdle unused when the bucket was last seen below half full
 // (others may be short of those tokens); far from the limit an idle
 // lease is left to end, costing no call.
+//
+// When Redis forgets (a restart without persistence, a flush, a key
+// evicted, a failover to a replica that missed the last writes, an older
+// RDB), the leases it granted are no longer counted there: spent on top
+// of the buckets it starts again, and given back, they would admit past
+// one bucket. Two things tell a replica. Per key, at the key's next call:
+// a bucket lease carries its key's incarnation and generation
+// (bucket_state.lua), and the call that retires it finds whether Redis
+// still holds the grant; if not, nothing is given back and what the
+// replica spent of the lease is charged instead, as the fallback's
+// admissions are (Redis never counted those units). For the whole store,
+// within a heartbeat: Peers reads the epoch key and run_id every second
+// and as a master comes back (before decisions reach it); on a change
+// every lease held stops (Forgot): its unspent tokens are parked, never
+// spent, and the key's next call retires it, given back if the new
+// state holds the grant (a failover that kept it), else charged what was
+// spent of it since the last heartbeat that found the state unchanged
+// (units spent before were counted in the state Redis lost, as redis
+// mode's were). Cached denials, made against the lost state, are dropped.
 
 // slice is a key's hybrid lease in its Table entry, guarded by the entry's
 // shard lock. The entry's level (remote, remoteAt) is what Redis held at
@@ -97,6 +117,53 @@ type slice struct {
 	waiting     int64           // requests waiting for a lease of this key
 	holding     bool            // registered with Hybrid.holders
 	evicted     bool            // pushed out of the cache
+
+	// What settles a bucket lease Redis may have forgotten (see the design
+	// note): the key state it was granted under (k, g), and, once a
+	// heartbeat found Redis changed (stopped), its unspent tokens, never
+	// spent again (parked), and what to charge if Redis no longer holds
+	// it (owed: spent since the last heartbeat that found Redis unchanged).
+	k, g    int64
+	stopped bool
+	parked  int64
+	owed    int64
+	// The lease's unspent tokens when the key was first touched after
+	// heartbeat confirmSeq confirmed the state (or when it was granted).
+	atConfirm, confirmSeq int64
+	era                   int64 // Hybrid.era when the key was last touched: a new one drops the cached denial
+}
+
+// retiringLocked is what retires e's lease: for a bucket's lease still
+// live at ns, with the key state it was granted under and what to charge
+// if Redis no longer holds it (everything spent of it, or, once stopped,
+// what was spent since the last confirmed heartbeat; the script takes the
+// latter when the epoch changed too: held.owedSince).
+func (h *Hybrid) retiringLocked(e *keyState, ns int64) held {
+	r := held{id: e.leaseID, granted: e.granted, unspent: e.tokens + e.lapsed}
+	if e.granted > 0 {
+		r.unspent += e.parked
+	}
+	if e.algorithm == quota.TokenBucket && e.granted > 0 && e.k > 0 && ns < e.until.UnixNano() {
+		r.k, r.g = e.k, e.g
+		r.owed = max(e.granted-e.tokens-e.parked, 0)
+		if e.confirmSeq == h.confirms.Load() { // touched since the last confirmation
+			r.owedSince = min(max(e.atConfirm-e.tokens, 0), r.owed)
+		}
+		if e.stopped {
+			r.owed, r.owedSince = e.owed, e.owed
+		}
+		if p := h.epoch.Load(); p != nil {
+			r.epoch = *p
+		}
+	}
+	return r
+}
+
+// dropLeaseLocked forgets e's lease on the replica (retired, or handed
+// to be).
+func (e *keyState) dropLeaseLocked() {
+	e.tokens, e.granted, e.leaseID, e.lapsed = 0, 0, 0, 0
+	e.k, e.g, e.stopped, e.parked, e.owed = 0, 0, false, 0, 0
 }
 
 // flight is one lease call in progress; waiters block on done.
@@ -143,10 +210,18 @@ type Hybrid struct {
 	holdersMu sync.Mutex
 	holders   map[string]*keyState // keys whose entries hold tokens
 
-	returns  chan giveback // leases to give back, from evictions and refunds
-	stop     chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
+	returns chan giveback // leases to give back, from evictions and refunds
+	// confirms counts the heartbeats that found the Redis state unchanged
+	// (Confirmed); era the changes found (Forgot).
+	confirms atomic.Int64
+	epoch    atomic.Pointer[string] // the epoch the last confirmation found
+	era      atomic.Int64
+	// exactUntil (unix ns): until then every lease call asks for the
+	// request's cost only, as redis mode does (forgetExact).
+	exactUntil atomic.Int64
+	stop       chan struct{}
+	stopOnce   sync.Once
+	wg         sync.WaitGroup
 }
 
 // giveback is a lease (or plain tokens, lease.id 0) to return to Redis.
@@ -280,8 +355,11 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		// the old slice meanwhile; if the call fails, what it held is
 		// lost to this replica until the lease ends in Redis: under-use.
 		want := max(h.sliceSizeLocked(e, l, ns), need)
-		old := held{id: e.leaseID, granted: e.granted, unspent: e.tokens + e.lapsed}
-		e.tokens, e.granted, e.leaseID, e.lapsed = 0, 0, 0, 0
+		if ns < h.exactUntil.Load() {
+			want = need // Redis just forgot: exact until the others' debts land (forgetExact)
+		}
+		old := h.retiringLocked(e, ns)
+		e.dropLeaseLocked()
 		f := &flight{done: make(chan struct{})}
 		e.flight = f
 		var debt int64
@@ -303,7 +381,9 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 			sh.Unlock()
 			return quota.Decision{}, err
 		}
-		if old.unspent > 0 {
+		if ls.forgot {
+			h.forgotten()
+		} else if old.unspent > 0 {
 			h.opts.Metrics.TokensReturned.WithLabelValues("renewed").Add(float64(old.unspent))
 		}
 		if ls.granted > 0 {
@@ -337,6 +417,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		// The request in hand spends n of the grant at once (the loop goes
 		// round with the lock held); the rest is the lease held.
 		e.tokens, e.granted, e.leaseID = ls.granted, ls.granted-n, ls.id
+		e.k, e.g, e.atConfirm, e.confirmSeq = ls.k, ls.g, ls.granted-n, h.confirms.Load()
 		e.until = now.Add(ls.life - ls.life/leaseMargin)
 		e.algorithm, e.window, e.capacity = l.Algorithm, l.Window, capacityOf(l)
 		if e.granted > 0 {
@@ -369,8 +450,8 @@ func (h *Hybrid) budget(ctx context.Context, key string, l quota.Limit, n int64,
 	e := stateLocked(sh, key)
 	e.lastUsed = now.UnixNano()
 	if e.flight == nil && (e.granted > 0 || e.tokens > 0 || e.lapsed > 0) {
-		h.enqueue(heldBack(key, e, "reload"))
-		e.tokens, e.granted, e.leaseID, e.lapsed = 0, 0, 0, 0
+		h.enqueue(h.heldBack(key, e, now.UnixNano(), "reload"))
+		e.dropLeaseLocked()
 	}
 	var debt int64
 	if owesFallback(l) {
@@ -390,16 +471,18 @@ func (h *Hybrid) budget(ctx context.Context, key string, l quota.Limit, n int64,
 	return d, nil
 }
 
-// heldBack is the give-back of the lease e holds for key, unspent tokens
-// and all.
-func heldBack(key string, e *keyState, reason string) giveback {
-	return giveback{key: key, algorithm: e.algorithm, window: e.window, lease: held{id: e.leaseID, granted: e.granted, unspent: e.tokens + e.lapsed}, reason: reason}
+// heldBack is the give-back of the lease e holds for key as of ns,
+// unspent tokens and all.
+func (h *Hybrid) heldBack(key string, e *keyState, ns int64, reason string) giveback {
+	return giveback{key: key, algorithm: e.algorithm, window: e.window, lease: h.retiringLocked(e, ns), reason: reason}
 }
 
 // leased is one lease call's outcome, for any algorithm that leases.
 type leased struct {
 	granted, remaining, id int64
 	wait, full, life       time.Duration
+	k, g                   int64 // a bucket lease's key state
+	forgot                 bool  // the lease retired was one Redis had forgotten
 }
 
 // lease asks Redis for between need and want units of key under l, of
@@ -408,7 +491,7 @@ type leased struct {
 func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, need, spent, debt, peers int64, old held) (leased, error) {
 	if l.Algorithm == quota.TokenBucket {
 		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: want, need: need, debt: debt, life: h.opts.LeaseTTL, peers: peers, spent: spent, retire: old})
-		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: h.opts.LeaseTTL}, err
+		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: h.opts.LeaseTTL, k: ls.k, g: ls.g, forgot: ls.forgot}, err
 	}
 	w, err := h.store.leaseWindow(ctx, key, l, want, need, peers, old)
 	return leased{granted: w.granted, remaining: w.Remaining, id: w.id, wait: w.RetryAfter, full: w.ResetAfter, life: min(w.left, h.opts.LeaseTTL)}, err
@@ -423,6 +506,7 @@ func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, nee
 // cached under another capacity is dropped, so a key whose limit was
 // raised asks Redis again at once.
 func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time.Time) (resized bool) {
+	h.touchLocked(e)
 	resized = e.capacity != capacityOf(l)
 	if resized {
 		e.deniedUntil = 0
@@ -431,8 +515,8 @@ func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time
 		return false
 	}
 	if e.algorithm != l.Algorithm {
-		h.enqueue(heldBack(key, e, "reload"))
-		e.tokens, e.granted, e.leaseID = 0, 0, 0
+		h.enqueue(h.heldBack(key, e, now.UnixNano(), "reload"))
+		e.dropLeaseLocked()
 		return false
 	}
 	if !now.Before(e.until) {
@@ -447,6 +531,7 @@ func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time
 // lease call retires it from what Redis counts as out, if Redis still
 // counts it.
 func (h *Hybrid) expireLocked(e *keyState) {
+	e.parked = 0 // stopped, and no longer counted: nothing to give back
 	if e.tokens > 0 {
 		h.opts.Metrics.TokensReturned.WithLabelValues("expired").Add(float64(e.tokens))
 		if e.algorithm != quota.TokenBucket {
@@ -520,7 +605,11 @@ func (h *Hybrid) Refund(ctx context.Context, key string, l quota.Limit, n int64,
 	}
 	sh := h.table.Lock(key)
 	if e, ok := sh.Peek(key); ok && !e.evicted && e.granted > 0 && e.algorithm == l.Algorithm && now.Before(e.until) {
-		e.tokens += n
+		if e.stopped {
+			e.parked += n // a stopped lease is not spent: back with it at its retirement
+		} else {
+			e.tokens += n
+		}
 		h.holdLocked(key, e)
 		sh.Unlock()
 		return nil
@@ -545,11 +634,12 @@ func (h *Hybrid) holdLocked(key string, e *keyState) {
 func (h *Hybrid) evicted(key string, e *keyState) {
 	e.evicted = true
 	if e.granted > 0 {
-		if !h.opts.Now().Before(e.until) {
+		now := h.opts.Now()
+		if !now.Before(e.until) {
 			h.expireLocked(e)
 		}
-		h.enqueue(heldBack(key, e, "evicted"))
-		e.tokens, e.granted, e.leaseID = 0, 0, 0
+		h.enqueue(h.heldBack(key, e, now.UnixNano(), "evicted"))
+		e.dropLeaseLocked()
 	}
 }
 
@@ -582,7 +672,14 @@ func (h *Hybrid) giveBack(ctx context.Context, g giveback) {
 	var err error
 	switch g.algorithm {
 	case quota.TokenBucket:
-		err = h.store.giveBack(ctx, g.key, g.lease.unspent, g.lease)
+		var r returned
+		r, err = h.store.giveBack(ctx, g.key, g.lease.unspent, g.lease)
+		if err == nil && r != returnedKnown {
+			// Redis had forgotten the lease: nothing went back, and what
+			// was spent of it was charged (unless the key was gone).
+			h.forgotten()
+			return
+		}
 	default:
 		if g.lease.unspent <= 0 {
 			return // a window lease ends with its window: nothing to retire
@@ -646,8 +743,8 @@ func (h *Hybrid) Sweep(now time.Time, idle time.Duration, reason string) {
 			delete(h.holders, key)
 			e.holding = false
 		case ns-e.lastUsed >= int64(idle) && e.flight == nil && (reason != "idle" || 2*e.remote < e.capacity):
-			g = heldBack(key, e, reason)
-			e.tokens, e.granted, e.leaseID = 0, 0, 0
+			g = h.heldBack(key, e, ns, reason)
+			e.dropLeaseLocked()
 			delete(h.holders, key)
 			e.holding = false
 		}
@@ -674,4 +771,76 @@ func (h *Hybrid) Close(ctx context.Context) {
 		break
 	}
 	h.Sweep(h.opts.Now(), 0, "shutdown")
+}
+
+// forgetExact is how long after learning that Redis forgot a replica
+// takes exactly what each request costs, leasing nothing ahead: two
+// heartbeats, long enough for the other replicas to be back too (their
+// breakers close within a probe interval of each other) and to charge
+// their fallback debts, each with its first call of a key. Leasing a
+// slice ahead before the others' debts landed would hand out tokens that
+// those debts spend: the debts arrive one by one, and in redis mode the
+// first replica back takes a request's cost meanwhile, not a slice.
+const forgetExact = 2 * time.Second
+
+// forgotten counts a lease Redis had forgotten.
+func (h *Hybrid) forgotten() { h.opts.Metrics.LeasesForgotten.Inc() }
+
+// touchLocked brings e up to the store's state before a decision: after a
+// heartbeat confirmed the state, the lease's unspent tokens are what was
+// counted in it (spending from here on is since); after a change, a
+// cached denial, made against the state Redis lost, is dropped.
+func (h *Hybrid) touchLocked(e *keyState) {
+	if c := h.confirms.Load(); e.confirmSeq != c {
+		e.confirmSeq, e.atConfirm = c, e.tokens
+	}
+	if era := h.era.Load(); e.era != era {
+		e.era, e.deniedUntil = era, 0
+	}
+	if e.granted == 0 && (e.stopped || e.parked != 0 || e.k != 0) {
+		// The lease went without this path (a charge spent it): nothing
+		// of it is left to settle.
+		e.k, e.g, e.stopped, e.parked, e.owed = 0, 0, false, 0, 0
+	}
+}
+
+// Confirmed implements StateWatcher: a heartbeat found the Redis state
+// unchanged, so every unit spent from leases so far was counted in it.
+func (h *Hybrid) Confirmed(epoch string) {
+	h.epoch.Store(&epoch)
+	h.confirms.Add(1)
+}
+
+// Forgot implements StateWatcher: a heartbeat found Redis in another state
+// (see the design note). Every lease held stops: a bucket's unspent tokens
+// are parked until the key's next call retires the lease, which gives
+// them back if the new state holds the grant and else charges what was
+// spent since the last confirmed heartbeat; a window's lease is dropped
+// (its count starts again with the state; nothing is given back to it).
+func (h *Hybrid) Forgot(string) {
+	h.era.Add(1)
+	h.exactUntil.Store(h.opts.Now().Add(forgetExact).UnixNano())
+	h.holdersMu.Lock()
+	keys := make([]string, 0, len(h.holders))
+	for k := range h.holders {
+		keys = append(keys, k)
+	}
+	h.holdersMu.Unlock()
+	confirmed := h.confirms.Load()
+	for _, key := range keys {
+		sh := h.table.Lock(key)
+		if e, ok := sh.Peek(key); ok && !e.evicted && e.granted > 0 {
+			switch {
+			case e.algorithm != quota.TokenBucket:
+				e.dropLeaseLocked()
+			case !e.stopped:
+				var owed int64
+				if e.confirmSeq == confirmed { // touched since: what was spent since
+					owed = max(e.atConfirm-e.tokens, 0)
+				}
+				e.parked, e.tokens, e.owed, e.stopped = e.parked+e.tokens, 0, owed, true
+			}
+		}
+		sh.Unlock()
+	}
 }

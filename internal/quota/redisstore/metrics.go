@@ -33,6 +33,14 @@ type Metrics struct {
 	LeaseWaits prometheus.Counter
 	// Peers is the replica count in use (see Peers).
 	Peers prometheus.Gauge
+	// StateLost counts the heartbeats that found Redis in another state
+	// than the one before (Peers.CheckState), by how: epoch (the epoch
+	// key was lost: a restart without persistence, a flush) or run_id
+	// (another server or a restart: a failover, an RDB restored).
+	StateLost *prometheus.CounterVec
+	// LeasesForgotten counts hybrid leases Redis no longer held when they
+	// were retired (nothing given back; what was spent charged).
+	LeasesForgotten prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them with reg (none
@@ -81,15 +89,26 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: ns, Name: "peers",
 			Help: "Replicas assumed to share Redis: the highest count observed within the last peer_ttl (min_peers until a replica has heard the others).",
 		}),
+		StateLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "redis_state_lost_total",
+			Help: "Heartbeats that found Redis in another state than before, by how: epoch (the epoch key was lost: restart without persistence, flush) or run_id (failover, restart, RDB restored).",
+		}, []string{"how"}),
+		LeasesForgotten: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "hybrid_leases_forgotten_total",
+			Help: "Hybrid leases Redis no longer held when they were retired: nothing given back, what was spent of them charged.",
+		}),
 	}
 	// Series that exist from the start, so dashboards and alerts see 0
 	// rather than nothing.
 	for _, reason := range []string{"idle", "evicted", "shutdown", "refund", "expired"} {
 		m.TokensReturned.WithLabelValues(reason)
 	}
+	for _, how := range []string{"epoch", "run_id"} {
+		m.StateLost.WithLabelValues(how)
+	}
 	if reg != nil {
 		reg.MustRegister(m.Calls, m.Duration, m.Up, m.BreakerOpened, m.NodesDown, m.SlicesLeased, m.TokensLeased,
-			m.TokensReturned, m.LeaseWaits, m.Peers)
+			m.TokensReturned, m.LeaseWaits, m.Peers, m.StateLost, m.LeasesForgotten)
 	}
 	return m
 }

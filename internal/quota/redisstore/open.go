@@ -72,6 +72,7 @@ func Open(rdb rediser, closeConn func() error, o OpenOptions) (*Opened, error) {
 	}
 	p.Peers = NewPeers(p.Store, o.ReplicaID, o.PeerTTL, o.MinPeers, o.Store.Log)
 	p.hybrid = NewHybrid(table, p.Store, p.Peers, o.Hybrid)
+	p.Peers.Watch(p.hybrid)
 	fallback := local.NewFallback(o.Counts)
 	p.Redis = NewResilient(NewRedis(p.Store, table), table, fallback, p.Peers, p.Store)
 	p.Hybrid = NewResilient(p.hybrid, p.hybrid, fallback, p.Peers, p.Store)

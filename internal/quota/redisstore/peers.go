@@ -69,6 +69,10 @@ type Peers struct {
 	high   int64      // the highest count observed since highAt
 	highAt time.Time
 
+	stateMu  sync.Mutex // guards the fields below; held across the read
+	known    Identity   // the Redis state last read ("": none yet)
+	watchers []StateWatcher
+
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -91,6 +95,8 @@ func NewPeers(store *Store, id string, ttl time.Duration, minPeers int, log *slo
 	}
 	p.count.Store(p.minPeers)
 	m.Peers.Set(float64(p.minPeers))
+	check := p.CheckState
+	store.warmed.Store(&check)
 	p.Beat(context.Background())
 	p.wg.Add(1)
 	go p.loop()
@@ -103,11 +109,73 @@ func (p *Peers) ID() string { return p.id }
 // Count returns the number of replicas to assume (see Peers), at least 1.
 func (p *Peers) Count() int64 { return p.count.Load() }
 
-// Beat sends one heartbeat and updates the count.
+// StateWatcher learns, with every heartbeat, whether Redis still holds
+// what the replicas wrote (see CheckState).
+type StateWatcher interface {
+	// Confirmed: the state read is the one read before (or the first,
+	// or the one after a change), whose epoch key holds epoch.
+	Confirmed(epoch string)
+	// Forgot: it is another, which may lack what was written to the one
+	// before; why says how it was told (epoch: the epoch key was lost;
+	// run_id: another server, or the same restarted).
+	Forgot(why string)
+}
+
+// Watch makes w learn of every state CheckState reads.
+func (p *Peers) Watch(w StateWatcher) {
+	p.stateMu.Lock()
+	p.watchers = append(p.watchers, w)
+	p.stateMu.Unlock()
+}
+
+// CheckState reads the Redis state's Identity (Store.identity) and tells
+// the watchers whether it is the one read before. It runs with every
+// heartbeat and whenever the store warms a Redis that came back, before
+// decisions reach it.
+func (p *Peers) CheckState(ctx context.Context) {
+	id, err := p.store.identity(ctx, randomHex(8)) // a value never proposed before: a state that lost the key gets a new one
+	if err != nil {
+		return
+	}
+	p.observe(id)
+}
+
+// observe tells the watchers whether id is the state read before.
+func (p *Peers) observe(id Identity) {
+	p.stateMu.Lock()
+	defer p.stateMu.Unlock()
+	if id.Epoch == "" {
+		return
+	}
+	if p.known != (Identity{}) && id != p.known {
+		why := "run_id"
+		if id.Epoch != p.known.Epoch {
+			why = "epoch"
+		}
+		p.log.Warn("redis no longer holds what the replicas wrote; leases held stop and are settled with their keys' next calls",
+			"how", why, "run_id", id.RunID, "was", p.known.RunID, "replica", p.id)
+		p.m.StateLost.WithLabelValues(why).Inc()
+		for _, w := range p.watchers {
+			w.Forgot(why)
+		}
+	}
+	p.known = id
+	for _, w := range p.watchers {
+		w.Confirmed(id.Epoch)
+	}
+}
+
+// Beat sends one heartbeat, updates the count and checks the Redis state
+// (CheckState: in the heartbeat's own call but on a Cluster).
 func (p *Peers) Beat(ctx context.Context) {
-	n, missing, err := p.store.heartbeat(ctx, p.id, p.ttl)
+	n, missing, state, err := p.store.heartbeat(ctx, p.id, p.ttl, randomHex(8))
 	if err != nil || n < 1 {
 		return
+	}
+	if state.Epoch != "" {
+		p.observe(state)
+	} else {
+		p.CheckState(ctx)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

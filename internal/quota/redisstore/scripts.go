@@ -29,6 +29,8 @@ var (
 	bucketReturnSrc string
 	//go:embed scripts/peers.lua
 	peersSrc string
+	//go:embed scripts/epoch.lua
+	epochSrc string
 
 	//go:embed scripts/fixed_window.lua
 	fixedWindowSrc string
@@ -46,6 +48,7 @@ var (
 	bucketLease         = newScript("bucket_lease", bucketStateSrc+bucketLeaseSrc)
 	bucketReturn        = newScript("bucket_return", bucketStateSrc+bucketReturnSrc)
 	peersScript         = newScript("peers", peersSrc)
+	epochScript         = newScript("epoch", epochSrc)
 	fixedWindowScript   = newScript("fixed_window", windowTakeSrc+fixedWindowSrc)
 	slidingWindowScript = newScript("sliding_window", slidingWindowSrc)
 	windowRefundScript  = newScript("window_refund", windowRefundSrc)
@@ -213,7 +216,8 @@ func (s *Store) refund(ctx context.Context, partition string, l quota.Limit, uni
 		return s.refundCalendar(ctx, partition, l, units)
 	}
 	if l.Algorithm == quota.TokenBucket {
-		return s.giveBack(ctx, partition, units, held{})
+		_, err := s.giveBack(ctx, partition, units, held{})
+		return err
 	}
 	key := []string{s.algorithmKey(partition, l.Algorithm)}
 	now := s.nowArg(time.Microsecond)
@@ -226,7 +230,7 @@ func (s *Store) refund(ctx context.Context, partition string, l quota.Limit, uni
 	case quota.SlidingLog:
 		_, err = s.run(ctx, "refund", logRefundScript, key, units)
 	case quota.LeakyBucket:
-		_, err = s.run(ctx, "refund", bucketReturn, key, units, now)
+		_, err = s.run(ctx, "refund", bucketReturn, key, units, now) // a slot back: no lease to check
 	default:
 		return fmt.Errorf("redisstore: no redis script for algorithm %s", l.Algorithm)
 	}

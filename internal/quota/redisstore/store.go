@@ -72,6 +72,11 @@ type Store struct {
 	rdb     rediser
 	opts    StoreOptions
 	breaker *breaker
+	// warmed runs after Warm has loaded the scripts: Peers reads the
+	// state's Identity there, so a Redis that comes back having lost what
+	// was written is known as such before the breaker lets decisions
+	// through.
+	warmed atomic.Pointer[func(context.Context)]
 }
 
 // NewStore returns a Store using rdb and starts its watch; Close stops it.
@@ -121,6 +126,9 @@ func (s *Store) Warm(ctx context.Context) error {
 		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
 			return err
 		}
+	}
+	if fn := s.warmed.Load(); fn != nil {
+		(*fn)(ctx)
 	}
 	return nil
 }
@@ -272,6 +280,13 @@ type lease struct {
 	wait      time.Duration // until the tokens needed are there, when none was granted
 	full      time.Duration // until the bucket is full again
 	id        int64         // the lease's expiry in Redis (ms), its name when retired; 0: none
+	// k and g are the key state the lease is counted under (its key's
+	// incarnation and generation, bucket_state.lua): passed back when it
+	// is retired, so a Redis that lost the grant can tell. 0: none.
+	k, g int64
+	// forgot is set when the lease retired by this call was one Redis had
+	// forgotten: nothing was given back, and what was spent of it charged.
+	forgot bool
 }
 
 // leaseAsk is what one lease call asks for.
@@ -291,9 +306,32 @@ type leaseAsk struct {
 }
 
 // held is a lease a replica ends: its name in Redis, the tokens Redis
-// counts out for it and what of them was not spent.
+// counts out for it and what of them was not spent; for a token bucket's
+// lease still live on the replica, the key state it was granted under (k,
+// g) and what to charge if Redis no longer holds the grant (owed: what
+// the replica spent of it that such a Redis never counted). k 0: nothing
+// to check (plain tokens, or a lease that has ended).
 type held struct {
 	id, granted, unspent int64
+	k, g, owed           int64
+	// owedSince is what of owed was spent since the last heartbeat that
+	// found the store's state unchanged, epoch that state's epoch: when
+	// Redis no longer holds the grant and its epoch is another (the whole
+	// store was lost after that heartbeat, so every unit spent before it
+	// was counted in what was lost), only owedSince is charged.
+	owedSince int64
+	epoch     string
+}
+
+// retireKeys are the keys of a script that retires h on partition: the
+// bucket, and the epoch key when h names an epoch to compare (never on a
+// Cluster, where the epoch key lives in a slot of its own: there the
+// whole of owed is charged).
+func (s *Store) retireKeys(partition string, h held) []string {
+	if h.k > 0 && h.epoch != "" && s.opts.Router == nil {
+		return []string{s.key(partition), EpochKey(s.opts.Prefix)}
+	}
+	return []string{s.key(partition)}
 }
 
 // lease takes between a.need and a.want tokens of partition's bucket
@@ -304,9 +342,10 @@ func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a le
 	if !a.charge {
 		late = func(v any) { s.undoLate(partition, a, v) }
 	}
-	v, err := s.runLate(ctx, "lease", bucketLease, []string{s.key(partition)}, late,
+	v, err := s.runLate(ctx, "lease", bucketLease, s.retireKeys(partition, a.retire), late,
 		intervalMicros(l), l.Capacity(), a.want, a.need, s.nowArg(time.Microsecond), a.debt,
-		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent, a.spent, chargeFlag(a.charge), blockMicros(l))
+		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent, a.spent, chargeFlag(a.charge), blockMicros(l),
+		a.retire.k, a.retire.g, a.retire.owed, a.retire.owedSince, a.retire.epoch)
 	if err != nil {
 		return lease{}, err
 	}
@@ -316,7 +355,7 @@ func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a le
 // leaseOf reads bucket_lease's reply.
 func leaseOf(v any) (lease, error) {
 	r, ok := v.([]any)
-	if !ok || len(r) != 5 {
+	if !ok || len(r) != 8 {
 		return lease{}, fmt.Errorf("redisstore: bucket_lease returned %v", v)
 	}
 	n := func(i int) int64 { x, _ := r[i].(int64); return x }
@@ -326,6 +365,9 @@ func leaseOf(v any) (lease, error) {
 		wait:      time.Duration(n(2)) * time.Microsecond,
 		full:      time.Duration(n(3)) * time.Microsecond,
 		id:        n(4),
+		k:         n(5),
+		g:         n(6),
+		forgot:    n(7) == 1,
 	}, nil
 }
 
@@ -353,7 +395,7 @@ func (s *Store) undoLate(partition string, a leaseAsk, v any) {
 	// was to spend at once as out on the lease: those are retired; every
 	// granted token goes back, as nothing was spent.
 	h := held{id: ls.id, granted: max(ls.granted-a.spent, 0)}
-	if err := s.giveBack(context.Background(), partition, back, h); err == nil {
+	if _, err := s.giveBack(context.Background(), partition, back, h); err == nil {
 		s.opts.Metrics.TokensReturned.WithLabelValues("late").Add(float64(back))
 	}
 }
@@ -374,11 +416,30 @@ func chargeFlag(charge bool) string {
 	return ""
 }
 
+// returned is what a give-back found.
+type returned int
+
+const (
+	returnedKnown   returned = iota // the lease (or plain tokens) went back
+	returnedForgot                  // Redis had forgotten the lease: nothing went back, what was spent of it was charged
+	returnedKeyGone                 // the lease's whole key was gone: nothing went back, nothing charged
+)
+
 // giveBack returns n unspent tokens to partition's bucket, retiring the
-// lease named in h (h.id 0: plain tokens, such as a refund).
-func (s *Store) giveBack(ctx context.Context, partition string, n int64, h held) error {
-	_, err := s.run(ctx, "return", bucketReturn, []string{s.key(partition)}, n, s.nowArg(time.Microsecond), h.id, h.granted)
-	return err
+// lease named in h (h.id 0: plain tokens, such as a refund), unless Redis
+// no longer holds the lease's grant (h.k, h.g): then it charges h.owed
+// instead and gives nothing back.
+func (s *Store) giveBack(ctx context.Context, partition string, n int64, h held) (returned, error) {
+	v, err := s.run(ctx, "return", bucketReturn, s.retireKeys(partition, h), n, s.nowArg(time.Microsecond), h.id, h.granted, h.k, h.g, h.owed, h.owedSince, h.epoch)
+	if err != nil {
+		return returnedKnown, err
+	}
+	r, _ := v.([]any)
+	if len(r) != 2 {
+		return returnedKnown, fmt.Errorf("redisstore: bucket_return returned %v", v)
+	}
+	f, _ := r[1].(int64)
+	return returned(f), nil
 }
 
 // windowLease is the outcome of one window script call in hybrid mode.
@@ -416,19 +477,29 @@ func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit
 }
 
 // heartbeat records replica id and returns the number of replicas heard
-// within ttl, and whether id's entry was missing from the set.
-func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration) (n int64, missing bool, err error) {
-	v, err := s.run(ctx, "peers", peersScript, []string{s.peersKey()}, id, ttl.Milliseconds(), s.nowArg(time.Microsecond))
+// within ttl, whether id's entry was missing from the set, and, but on a
+// Cluster (where the epoch key lives in a slot of its own), the Redis
+// state's Identity, proposing propose as its epoch (see identity).
+func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration, propose string) (n int64, missing bool, state Identity, err error) {
+	keys := []string{s.peersKey()}
+	if s.opts.Router == nil {
+		keys = append(keys, EpochKey(s.opts.Prefix))
+	}
+	v, err := s.run(ctx, "peers", peersScript, keys, id, ttl.Milliseconds(), s.nowArg(time.Microsecond), propose)
 	if err != nil {
-		return 0, false, err
+		return 0, false, Identity{}, err
 	}
 	r, _ := v.([]any)
-	if len(r) != 2 {
-		return 0, false, fmt.Errorf("redisstore: peers script returned %v", v)
+	if len(r) != 2 && len(r) != 4 {
+		return 0, false, Identity{}, fmt.Errorf("redisstore: peers script returned %v", v)
 	}
 	n, _ = r[0].(int64)
 	a, _ := r[1].(int64)
-	return n, a == 1, nil
+	if len(r) == 4 {
+		state.Epoch, _ = r[2].(string)
+		state.RunID, _ = r[3].(string)
+	}
+	return n, a == 1, state, nil
 }
 
 // leave removes replica id from the heartbeat set at shutdown, so peers
@@ -443,6 +514,41 @@ func (s *Store) leave(ctx context.Context, id string) error {
 }
 
 func (s *Store) peersKey() string { return PeersKey(s.opts.Prefix) }
+
+// Identity is what tells one Redis state from another: the epoch key's
+// value and the server's run_id (scripts/epoch.lua). Two reads that
+// differ in either are two states, the later of which may lack what the
+// replicas wrote to the earlier.
+type Identity struct{ Epoch, RunID string }
+
+// identity reads the Redis state's Identity, setting the epoch key to
+// propose when it is missing. It bypasses the breaker: it runs while a
+// master comes back (Warm), before the breaker lets decisions through,
+// and a failure to read it says nothing the heartbeat does not.
+func (s *Store) identity(ctx context.Context, propose string) (Identity, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	v, err := epochScript.Run(ctx, s.rdb, []string{EpochKey(s.opts.Prefix)}, propose).Result()
+	result := "ok"
+	if err != nil {
+		result = resultOf(err)
+	}
+	s.opts.Metrics.Calls.WithLabelValues("epoch", result).Inc()
+	if err != nil {
+		return Identity{}, err
+	}
+	r, _ := v.([]any)
+	if len(r) != 2 {
+		return Identity{}, fmt.Errorf("redisstore: epoch script returned %v", v)
+	}
+	e, _ := r[0].(string)
+	id, _ := r[1].(string)
+	return Identity{Epoch: e, RunID: id}, nil
+}
+
+// EpochKey is the key whose value names the Redis state under key prefix:
+// "rl:_epoch", outside the policies' key space as PeersKey is.
+func EpochKey(prefix string) string { return prefix + "_epoch" }
 
 // PeersKey is the replicas' heartbeat set under key prefix: "rl:_peers".
 // It is outside the policies' key space: a policy key always has '{' right

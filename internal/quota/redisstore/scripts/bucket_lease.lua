@@ -48,18 +48,30 @@
 --          during a block do not extend it. Empty or 0: no block is set;
 --          one already set is honoured all the same.
 --
+-- ARGV[15], ARGV[16], ARGV[17]  the retired lease's key state (k, g, as
+--          this script returned them; empty or 0 when the lease has ended on
+--          the replica: nothing to check) and what to charge when this
+--          Redis does not hold that grant (bucket_state.lua, bucket_retire).
+-- ARGV[18], ARGV[19], KEYS[2]  what of ARGV[17] was spent since the
+--          replica's last heartbeat that found the store unchanged, and the
+--          epoch it found: when the epoch key (KEYS[2]) holds another, the
+--          whole store was lost since, and only ARGV[18] is charged
+--          (bucket_owed). No KEYS[2]: ARGV[17].
+--
 -- In hybrid mode a block stops the grants, not the spending of leases
 -- granted before it: those replicas may still admit what they hold, at
 -- most the tokens out on leases when the block began. Near the limit the
 -- slices have shrunk to about the request's cost (ARGV[8]), so that is
 -- about one request per replica.
 --
--- Returns {granted, remaining, wait, full, expiry}: tokens granted (fewer
+-- Returns {granted, remaining, wait, full, expiry, k, g, forgot}: tokens granted (fewer
 -- than wanted when fewer remain), tokens left in the bucket afterwards,
 -- µs until the tokens needed are there when none was granted (else 0), µs
--- until the bucket is full again (as if every lease were given back), and the lease's expiry in ms (0 when
--- nothing is counted out). Waits are rounded up so a client never retries
--- early.
+-- until the bucket is full again (as if every lease were given back), the lease's expiry in ms (0 when
+-- nothing is counted out), the key state the lease is counted under (k,
+-- g; 0 when nothing is counted out), and 1 when the retired lease was one
+-- this Redis had forgotten (else 0). Waits are rounded up so a client
+-- never retries early.
 local iv = tonumber(ARGV[1])
 local cap = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
@@ -79,7 +91,11 @@ local b = bucket_load(KEYS[1], iv, now)
 -- call's. A reload that changes the rate keeps the tokens in use, not the
 -- time they take to come back.
 b.iv = iv
-bucket_retire(KEYS[1], b, tonumber(ARGV[9]), tonumber(ARGV[10]) or 0, tonumber(ARGV[11]) or 0)
+local forgot = 0
+if bucket_retire(KEYS[1], b, tonumber(ARGV[9]), tonumber(ARGV[10]) or 0, tonumber(ARGV[11]) or 0,
+    tonumber(ARGV[15]), tonumber(ARGV[16]), bucket_owed(KEYS[2], ARGV[17], ARGV[18], ARGV[19])) then
+  forgot = 1
+end
 
 if debt > 0 then
   b.used = math.min(b.used + debt, math.max(b.used, 2 * cap))
@@ -89,7 +105,7 @@ end
 if b.block > now and not charge then
   if b.dirty then bucket_save(KEYS[1], b, now, keep) end
   local left = b.block - now
-  return {0, 0, left, left, 0}
+  return {0, 0, left, left, 0, 0, 0, forgot}
 end
 
 -- The epsilon absorbs float error: 2.9999999999 tokens are 3.
@@ -98,7 +114,7 @@ if avail < 0 then avail = 0 end
 if avail < need and block_for > 0 and not charge then
   b.block = now + block_for
   bucket_save(KEYS[1], b, now, keep)
-  return {0, 0, block_for, block_for, 0}
+  return {0, 0, block_for, block_for, 0, 0, 0, forgot}
 end
 local granted = 0
 if charge then
@@ -107,7 +123,7 @@ elseif avail >= need then
   granted = math.min(want, avail)
   if peers > 0 then granted = math.min(granted, math.max(need, math.floor(avail / (2 * peers)))) end
 end
-local expiry = 0
+local expiry, k, g = 0, 0, 0
 if granted > 0 then
   b.used = b.used + granted
   b.dirty = true
@@ -118,6 +134,7 @@ if granted > 0 then
     redis.call('HINCRBY', KEYS[1], 'x' .. string.format('%d', expiry), held)
     b.out = b.out + held
     b.last = math.max(b.last, expiry * 1000)
+    k, g = bucket_count_lease(KEYS[1], b)
   end
 end
 if b.dirty then bucket_save(KEYS[1], b, now, keep) end
@@ -126,7 +143,7 @@ if b.dirty then bucket_save(KEYS[1], b, now, keep) end
 local full = math.ceil(math.max(b.used - b.out, 0) * iv)
 if granted > 0 then
   -- In debt after a charge: 0 left, never a negative count.
-  return {granted, math.max(avail - granted, 0), 0, full, expiry}
+  return {granted, math.max(avail - granted, 0), 0, full, expiry, k, g, forgot}
 end
 local wait = 0
 if avail < need then
@@ -134,4 +151,4 @@ if avail < need then
   -- Tokens out on leases come back only as the leases end.
   if b.out > cap - need and b.last > now then wait = math.max(wait, b.last - now) end
 end
-return {0, avail, wait, full, 0}
+return {0, avail, wait, full, 0, 0, 0, forgot}

@@ -11,6 +11,18 @@
 -- out is their sum. b, when set, is the end of the key's penalty box
 -- (block_for, µs): until then bucket_lease.lua grants nothing but charges.
 --
+-- k and g name what this Redis remembers of the key's leases: k is the
+-- key's incarnation (Redis TIME in µs when its first lease was counted
+-- out; a key lost and created again gets another), g the leases counted
+-- out since (one more per lease). A replica keeps the pair its lease was
+-- granted with and passes it when it retires the lease: a key whose k
+-- differs, or whose g is lower, has lost that grant (a restart without
+-- persistence, FLUSHALL, an eviction, a failover to a replica that missed
+-- the write, an older RDB): that Redis never debited the lease, so its
+-- unspent tokens are not given back, and what the replica spent from it
+-- is charged instead (bucket_retire). Replication applies a master's
+-- writes in order, so a state that holds the grant holds every g below.
+--
 -- The bound (why leases may live long): let U be the tokens replicas hold
 -- unspent and may still spend; U <= out, because a replica stops spending
 -- a lease before Redis's expiry of it (it measures the lease's life from
@@ -36,7 +48,7 @@
 -- hash has none (nil: a bucket with no state is returned as nil).
 local function bucket_load(key, iv, now)
   local raw = redis.call('HGETALL', key)
-  local b = {used = 0, ts = now, iv = iv, out = 0, last = 0, block = 0}
+  local b = {used = 0, ts = now, iv = iv, out = 0, last = 0, block = 0, k = 0, g = 0}
   local fresh = true
   local leases = {}
   for i = 1, #raw, 2 do
@@ -50,6 +62,10 @@ local function bucket_load(key, iv, now)
       b.iv = tonumber(v) or iv
     elseif f == 'b' then
       b.block = tonumber(v) or 0
+    elseif f == 'k' then
+      b.k = tonumber(v) or 0
+    elseif f == 'g' then
+      b.g = tonumber(v) or 0
     elseif string.byte(f, 1) == 120 then -- 'x'
       local at, n = tonumber(string.sub(f, 2)), tonumber(v) or 0
       if at and n > 0 then
@@ -89,8 +105,20 @@ end
 -- bucket_retire ends one lease: its tokens (granted) leave out, and what
 -- was not spent of them (unspent) goes back to the bucket. A lease whose
 -- field is gone (expired, or the key lost) only gives its unspent back,
--- never lifting the level above capacity − out.
-local function bucket_retire(key, b, at, granted, unspent)
+-- never lifting the level above capacity − out. When the replica names
+-- the lease's key state (k, g: the lease is live on the replica, so it
+-- is live here unless this Redis lost it) and this Redis does not hold
+-- it, the lease is forgotten: nothing is given back or taken off out (the
+-- fields left are other grants'), and owed, what the replica spent from
+-- it that this Redis never counted, is charged. Returns true then.
+local function bucket_retire(key, b, at, granted, unspent, k, g, owed)
+  if at and at > 0 and granted > 0 and k and k > 0 and (b.k ~= k or b.g < (g or 0)) then
+    if owed and owed > 0 then
+      b.used = b.used + owed
+      b.dirty = true
+    end
+    return true
+  end
   if at and at > 0 and granted > 0 then
     local f = 'x' .. string.format('%d', at)
     local cur = tonumber(redis.call('HGET', key, f))
@@ -109,6 +137,34 @@ local function bucket_retire(key, b, at, granted, unspent)
     b.used = math.max(b.used - unspent, b.out, 0)
     b.dirty = true
   end
+  return false
+end
+
+-- bucket_owed is what to charge for a lease this Redis forgot: all the
+-- replica spent of it (owed), or, when the epoch key no longer holds the
+-- epoch the replica last confirmed (the whole store was lost after that
+-- confirmation, so what was spent before it was counted in the state
+-- lost, as redis mode's admissions were), what was spent since (since).
+-- An eviction or a failover keeps the epoch: all of it is charged, as the
+-- key may have been lost at any time since the lease was granted.
+local function bucket_owed(epoch_key, owed, since, epoch)
+  owed = tonumber(owed) or 0
+  if epoch_key and epoch and epoch ~= '' and redis.call('GET', epoch_key) ~= epoch then
+    return math.min(tonumber(since) or 0, owed)
+  end
+  return owed
+end
+
+-- bucket_count_lease records a lease counted out: the key's incarnation
+-- (set at its first lease) and one more generation. Returns both.
+local function bucket_count_lease(key, b)
+  if b.k == 0 then
+    local t = redis.call('TIME')
+    b.k = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  b.g = b.g + 1
+  redis.call('HSET', key, 'k', string.format('%d', b.k), 'g', string.format('%d', b.g))
+  return b.k, b.g
 end
 
 -- bucket_save writes b back, or deletes the bucket when it is full with
