@@ -1,0 +1,232 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/extauthz/extauthz/tests/internal/envoyrlqs"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
+)
+
+// The rate limit quota service door (Envoy's rate_limit_quota filter),
+// end to end: the real binary, real Redis at the shipped defaults (hybrid
+// mode, rlqs.assignment_ttl 3s), and Envoys simulated by
+// tests/internal/envoyrlqs, which enforces assignments as Envoy's filter
+// does, with the reporting interval and no_assignment_behavior of
+// envoy/envoy-rlqs.yaml (1s, DENY_ALL).
+
+// rlqsReporting is envoy/envoy-rlqs.yaml's reporting_interval.
+const rlqsReporting = time.Second
+
+// rlqsTenants is a policy counting per tenant, and the rlqs section
+// mapping the edge domain's bucket {name: orders, tenant: T} to it, so a
+// Check with x-tenant: T counts in the same bucket.
+func rlqsTenants(policy string) string {
+	return `
+policies:
+  - {name: orders, key: ["header:x-tenant"], ` + policy + `}
+rlqs:
+  domains:
+    - name: edge
+      buckets:
+        - {match: {name: orders}, policy: orders, key: [tenant]}
+`
+}
+
+func newEnvoy(s *sidecar) *envoyrlqs.Filter {
+	f := envoyrlqs.New(s.conn, envoyrlqs.Options{Domain: "edge", ReportingInterval: rlqsReporting, NoAssignmentDeny: true})
+	s.t.Cleanup(f.Close)
+	return f
+}
+
+func tenantBucket(tenant string) map[string]string {
+	return map[string]string{"name": "orders", "tenant": tenant}
+}
+
+// offered is one simulated Envoy's traffic on one bucket: perSecond(at)
+// requests a second at each instant of the run, and when each admitted
+// request was admitted.
+type offered struct {
+	f         *envoyrlqs.Filter
+	id        map[string]string
+	perSecond func(at time.Duration) float64
+	mu        sync.Mutex
+	admits    []time.Duration
+}
+
+func (o *offered) admittedIn(from, to time.Duration) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, a := range o.admits {
+		if a >= from && a < to {
+			n++
+		}
+	}
+	return n
+}
+
+// driveEnvoys runs every offer for d from start, in 10 ms steps (a bounded
+// load: at most d/10ms steps per offer), and returns when all stopped.
+func driveEnvoys(offers []*offered, start time.Time, d time.Duration) {
+	var wg sync.WaitGroup
+	for _, o := range offers {
+		wg.Go(func() {
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			due := 0.0
+			last := time.Duration(0)
+			for now := range tick.C {
+				at := now.Sub(start)
+				if at >= d {
+					return
+				}
+				due += o.perSecond(at) * (at - last).Seconds()
+				last = at
+				for ; due >= 1; due-- {
+					if o.f.Request(o.id) {
+						o.mu.Lock()
+						o.admits = append(o.admits, time.Since(start))
+						o.mu.Unlock()
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// steady is a constant demand.
+func steady(perSecond float64) func(time.Duration) float64 {
+	return func(time.Duration) float64 { return perSecond }
+}
+
+// tenantCheck is a Check of a request carrying x-tenant: tenant.
+func tenantCheck(tenant string) envoyRequest {
+	return envoyRequest{path: "/orders", headers: [][2]string{{"x-tenant", tenant}}}
+}
+
+// N Envoys on two replicas, and Checks through one of them, on one
+// tenant's bucket at the shipped defaults: together they admit no more
+// than the bucket, burst plus refill at the policy's rate over the
+// measured run. The policy is 600 a minute (10 a second, burst 600);
+// four Envoys offer 40 a second each and the Checks 10 a second for 8 s
+// (1,360 offered): the bucket, not the demand, bounds what is admitted.
+func TestRLQSEnvoysShareOneBucket(t *testing.T) {
+	srv := testredis.Start(t)
+	replicas := startReplicas(t, 2, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m")))
+	waitPeers(t, replicas, 2)
+	id := tenantBucket("acme")
+	var offers []*offered
+	for i := 0; i < 4; i++ {
+		offers = append(offers, &offered{f: newEnvoy(replicas[i%2]), id: id, perSecond: steady(40)})
+	}
+	const run = 8 * time.Second
+	start := time.Now()
+	var checksAllowed, checksSent int
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for now := range tick.C {
+			if now.Sub(start) >= run {
+				return
+			}
+			checksSent++
+			if replicas[0].check(tenantCheck("acme").build()).GetStatus().GetCode() == int32(codes.OK) {
+				checksAllowed++
+			}
+		}
+	})
+	driveEnvoys(offers, start, run)
+	wg.Wait()
+	elapsed := time.Since(start)
+	envoys := 0
+	for _, o := range offers {
+		envoys += len(o.admits)
+	}
+	bound := 600 + int(math.Ceil(10*elapsed.Seconds()))
+	t.Logf("admitted: Envoys %d, Checks %d of %d; the bucket over %.2fs: %d (under-use %d, %.0f%%)",
+		envoys, checksAllowed, checksSent, elapsed.Seconds(), bound, bound-envoys-checksAllowed, 100*float64(bound-envoys-checksAllowed)/float64(bound))
+	if envoys+checksAllowed > bound {
+		t.Fatalf("one tenant's bucket admitted %d (Envoys %d + Checks %d) through RLQS and Check in %.2fs; it holds at most burst 600 + 10/s × %.2fs = %d",
+			envoys+checksAllowed, envoys, checksAllowed, elapsed.Seconds(), elapsed.Seconds(), bound)
+	}
+	if checksAllowed == 0 || checksAllowed == checksSent {
+		t.Fatalf("Checks on the tenant: %d of %d allowed; the Envoys' takes should have emptied the bucket they share", checksAllowed, checksSent)
+	}
+	// Under-use stated, not bounded by the claim; a door that admitted
+	// little would pass the bound trivially, so at least half the bucket
+	// must have been used.
+	if envoys+checksAllowed < bound/2 {
+		t.Fatalf("admitted %d of a bucket of %d: the Envoys were starved", envoys+checksAllowed, bound)
+	}
+	assertNoFallback(t, replicas)
+}
+
+// A report that makes no sense ends its stream with a status naming what
+// was wrong, counted by reason, and nothing is taken for it: the tenant's
+// count is untouched (a Check sees it full) and no token was taken.
+func TestRLQSNonsenseReports(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 5, window: 1m")))
+	usage := func(elapsed *durationpb.Duration, allowed uint64) *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage {
+		return &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: tenantBucket("acme")}, TimeElapsed: elapsed, NumRequestsAllowed: allowed}
+	}
+	big := &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge"}
+	for i := 0; i <= 10000; i++ { // rlqs.max_buckets_per_stream is 10,000
+		big.BucketQuotaUsages = append(big.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"name": "orders", "tenant": fmt.Sprint("t", i)}}})
+	}
+	cases := []struct {
+		name, reason string
+		code         codes.Code
+		report       *rlqsv3.RateLimitQuotaUsageReports
+	}{
+		{"no domain", "no_domain", codes.InvalidArgument, &rlqsv3.RateLimitQuotaUsageReports{BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(durationpb.New(time.Second), 1)}}},
+		{"unknown domain", "unknown_domain", codes.NotFound, &rlqsv3.RateLimitQuotaUsageReports{Domain: "nope", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(durationpb.New(time.Second), 1)}}},
+		{"negative time_elapsed", "bad_time_elapsed", codes.InvalidArgument, &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(&durationpb.Duration{Seconds: -5}, 1)}}},
+		{"huge time_elapsed", "bad_time_elapsed", codes.InvalidArgument, &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(&durationpb.Duration{Seconds: 1 << 40}, 1)}}},
+		{"huge count", "bad_count", codes.InvalidArgument, &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(durationpb.New(time.Second), 1<<40)}}},
+		{"empty bucket id", "bad_bucket_id", codes.InvalidArgument, &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{TimeElapsed: durationpb.New(time.Second)}}}},
+		{"too many buckets", "too_many_usages", codes.InvalidArgument, big},
+	}
+	client := rlqsv3.NewRateLimitQuotaServiceClient(s.conn)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := s.metric("extauthz_rlqs_refused_total", "reason", c.reason)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			st, err := client.StreamRateLimitQuotas(ctx)
+			must(t, err)
+			must(t, st.Send(c.report))
+			_, err = st.Recv()
+			if got := grpcstatus.Code(err); got != c.code {
+				t.Fatalf("a report with %s: the stream ended with %v (%v); want %v", c.name, got, err, c.code)
+			}
+			t.Logf("%s: %v", c.name, err)
+			if after := s.metric("extauthz_rlqs_refused_total", "reason", c.reason); after != before+1 {
+				t.Fatalf("extauthz_rlqs_refused_total{reason=%q} went from %v to %v; want one more", c.reason, before, after)
+			}
+		})
+	}
+	if taken := s.metric("extauthz_rlqs_tokens_taken_total"); taken != 0 {
+		t.Fatalf("%v tokens were taken for refused reports; want none", taken)
+	}
+	// The tenant's whole limit is still there for Check: 5 allowed, the
+	// sixth denied.
+	for i := 1; i <= 6; i++ {
+		got := s.check(tenantCheck("acme").build()).GetStatus().GetCode()
+		if want := i <= 5; (got == int32(codes.OK)) != want {
+			t.Fatalf("Check %d on the tenant after refused reports: status %d; want allowed=%v (nothing charged for the reports)", i, got, want)
+		}
+	}
+}
