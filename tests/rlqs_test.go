@@ -230,3 +230,78 @@ func TestRLQSNonsenseReports(t *testing.T) {
 		}
 	}
 }
+
+// Demand that moves from one Envoy to another is followed within two
+// reporting intervals. The policy is 10 a second with a burst of 100;
+// Envoy A offers 30 a second and B 3 for 4 s (the burst drains), then
+// they swap for 6 s. From two reporting intervals after the swap, B is
+// admitted at least half of what the limit leaves beside A's new demand
+// (10 − 3 = 7 a second); the rest is the under-use the test states. The
+// two together never pass the bucket.
+func TestRLQSDemandMoves(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
+	id := tenantBucket("acme")
+	const swap, run = 4 * time.Second, 10 * time.Second
+	phase := func(before, after float64) func(time.Duration) float64 {
+		return func(at time.Duration) float64 {
+			if at < swap {
+				return before
+			}
+			return after
+		}
+	}
+	a := &offered{f: newEnvoy(s), id: id, perSecond: phase(30, 3)}
+	b := &offered{f: newEnvoy(s), id: id, perSecond: phase(3, 30)}
+	start := time.Now()
+	driveEnvoys([]*offered{a, b}, start, run)
+	elapsed := time.Since(start)
+	from := swap + 2*rlqsReporting
+	got := b.admittedIn(from, run)
+	window := (run - from).Seconds()
+	want := 7 * window
+	t.Logf("after the swap: B admitted %d in %.0fs from %v (%.1f/s; the limit leaves 7/s beside A's 3/s: under-use %.0f%%); A admitted %d in that window",
+		got, window, from, float64(got)/window, 100*(1-float64(got)/want), a.admittedIn(from, run))
+	if float64(got) < want/2 {
+		t.Fatalf("B was admitted %d in the %.0fs from two reporting intervals after its demand rose to 30/s; the limit leaves it 7/s (%.0f), and the door must follow within two intervals with at least half", got, window, want)
+	}
+	total := len(a.admits) + len(b.admits)
+	if bound := 100 + int(math.Ceil(10*elapsed.Seconds())); total > bound {
+		t.Fatalf("A and B admitted %d in %.2fs; the bucket holds at most burst 100 + 10/s × %.2fs = %d", total, elapsed.Seconds(), elapsed.Seconds(), bound)
+	}
+}
+
+// An Envoy whose stream drops and comes back loses at most its
+// assignment: it reopens the stream at its next report and is admitted
+// again within two reporting intervals, and the Envoys together still
+// never pass the bucket (the dropped stream's assignment stays paid for
+// until it ends).
+func TestRLQSReconnect(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
+	id := tenantBucket("acme")
+	a := &offered{f: newEnvoy(s), id: id, perSecond: steady(15)}
+	b := &offered{f: newEnvoy(s), id: id, perSecond: steady(15)}
+	const dropAt, run = 3 * time.Second, 8 * time.Second
+	start := time.Now()
+	var wg sync.WaitGroup
+	wg.Go(func() { driveEnvoys([]*offered{a, b}, start, run) })
+	time.AfterFunc(dropAt, a.f.Drop) // the drop is the event under test, not a synchronisation
+	wg.Wait()
+	elapsed := time.Since(start)
+	back := a.admittedIn(dropAt+2*rlqsReporting, run)
+	t.Logf("A admitted %d before the drop, %d from two intervals after it; B %d in all; streams the server ended: %d",
+		a.admittedIn(0, dropAt), back, len(b.admits), a.f.Closes.Load())
+	if back == 0 {
+		t.Fatalf("A was admitted nothing from two reporting intervals after its stream dropped; it must be back in the share")
+	}
+	// The dropped stream ended on the server too: two streams are open,
+	// A's new one and B's, not the dead one besides.
+	if open := s.metric("extauthz_rlqs_streams"); open != 2 {
+		t.Fatalf("extauthz_rlqs_streams is %v after A's stream dropped and came back; want 2 (a dropped stream must not hold its place)", open)
+	}
+	total := len(a.admits) + len(b.admits)
+	if bound := 100 + int(math.Ceil(10*elapsed.Seconds())); total > bound {
+		t.Fatalf("A and B admitted %d in %.2fs; the bucket holds at most burst 100 + 10/s × %.2fs = %d", total, elapsed.Seconds(), elapsed.Seconds(), bound)
+	}
+}
