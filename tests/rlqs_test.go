@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -304,5 +306,135 @@ func TestRLQSReconnect(t *testing.T) {
 	total := len(a.admits) + len(b.admits)
 	if bound := 100 + int(math.Ceil(10*elapsed.Seconds())); total > bound {
 		t.Fatalf("A and B admitted %d in %.2fs; the bucket holds at most burst 100 + 10/s × %.2fs = %d", total, elapsed.Seconds(), elapsed.Seconds(), bound)
+	}
+}
+
+// rlqsRules maps four buckets of domain edge (one counted, one
+// unlimited, one shadow, and whatever else: unknown, denied by default)
+// and serves domain open, whose unknown buckets are allowed.
+func rlqsRules(withOrders bool) string {
+	orders := ""
+	if withOrders {
+		orders = "        - {match: {name: orders}, policy: orders, key: [tenant]}\n"
+	}
+	return `
+policies:
+  - {name: orders, key: ["header:x-tenant"], limit: 5, window: 1m}
+  - {name: free, key: ["header:x-tenant"], unlimited: true}
+  - {name: watched, key: ["header:x-tenant"], limit: 5, window: 1m, shadow: true}
+rlqs:
+  domains:
+    - name: edge
+      buckets:
+` + orders + `        - {match: {name: free}, policy: free, key: [tenant]}
+        - {match: {name: watched}, policy: watched, key: [tenant]}
+    - name: open
+      unknown_bucket: allow
+`
+}
+
+// report is one exchange on a raw stream: a report of buckets (one
+// request denied each, as Envoy's first report of a bucket under
+// DENY_ALL has), and the answer, by the bucket's name entry.
+func rlqsExchange(t *testing.T, st rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient, domain string, ids ...map[string]string) map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction {
+	t.Helper()
+	r := &rlqsv3.RateLimitQuotaUsageReports{Domain: domain}
+	for _, id := range ids {
+		r.BucketQuotaUsages = append(r.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(0), NumRequestsDenied: 1,
+		})
+	}
+	must(t, st.Send(r))
+	resp, err := st.Recv()
+	must(t, err)
+	out := map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction{}
+	for _, a := range resp.GetBucketAction() {
+		out[a.GetBucketId().GetBucket()["name"]] = a
+	}
+	return out
+}
+
+func blanketOf(a *rlqsv3.RateLimitQuotaResponse_BucketAction) string {
+	s := a.GetQuotaAssignmentAction().GetRateLimitStrategy()
+	switch {
+	case a.GetAbandonAction() != nil:
+		return "abandon"
+	case s.GetTokenBucket() != nil:
+		return "token_bucket"
+	case s != nil:
+		return s.GetBlanketRule().String()
+	}
+	return "none"
+}
+
+// Every bucket gets an answer: a counted policy's a token bucket (a
+// lease), an unlimited or a shadow policy's ALLOW_ALL, an unknown
+// bucket its domain's unknown_bucket (DENY_ALL unless allow is
+// configured: never a silent allow); each lives rlqs.assignment_ttl
+// (3s). A bucket whose rule leaves the configuration is abandoned at its
+// next report.
+func TestRLQSBucketRules(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsRules(true)))
+	client := rlqsv3.NewRateLimitQuotaServiceClient(s.conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := client.StreamRateLimitQuotas(ctx)
+	must(t, err)
+	got := rlqsExchange(t, st, "edge", tenantBucket("acme"), map[string]string{"name": "free", "tenant": "acme"},
+		map[string]string{"name": "watched", "tenant": "acme"}, map[string]string{"name": "stranger"})
+	for name, want := range map[string]string{"orders": "token_bucket", "free": "ALLOW_ALL", "watched": "ALLOW_ALL", "stranger": "DENY_ALL"} {
+		a := got[name]
+		if b := blanketOf(a); b != want {
+			t.Errorf("bucket %s: answered %s; want %s", name, b, want)
+		}
+		if ttl := a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().GetSeconds(); ttl != 3 {
+			t.Errorf("bucket %s: time to live %ds; want rlqs.assignment_ttl's 3s", name, ttl)
+		}
+	}
+	if tb := got["orders"].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket(); tb.GetMaxTokens() > 5 {
+		t.Errorf("bucket orders: a token bucket of %d tokens from a limit of 5", tb.GetMaxTokens())
+	}
+
+	open, err := client.StreamRateLimitQuotas(ctx)
+	must(t, err)
+	if b := blanketOf(rlqsExchange(t, open, "open", map[string]string{"name": "stranger"})["stranger"]); b != "ALLOW_ALL" {
+		t.Errorf("an unknown bucket of domain open (unknown_bucket: allow): answered %s; want ALLOW_ALL", b)
+	}
+
+	// The orders rule leaves the configuration: its bucket is abandoned.
+	must(t, os.WriteFile(s.config, []byte("listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0}\n"+defaultsConfig(srv.Addr, "hybrid", rlqsRules(false))), 0o600))
+	s.cmd.Process.Signal(syscall.SIGHUP)
+	waitMetric(t, s, 10*time.Second, 1, "extauthz_config_reloads_total", "result", "success")
+	if b := blanketOf(rlqsExchange(t, st, "edge", tenantBucket("acme"))["orders"]); b != "abandon" {
+		t.Errorf("bucket orders after its rule left the configuration: answered %s; want abandon", b)
+	}
+}
+
+// While Redis is unreachable, assignments come from the local fallback
+// share (on_redis_error: fallback, the default), as a Check's decisions
+// do: the Envoy keeps being assigned tokens, never an error, and the
+// decisions count as degraded. The policy is 10 a second; the Envoy
+// offers 20 a second for 3 s, Redis dies, and it goes on for 4 s more.
+func TestRLQSRedisDown(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
+	e := &offered{f: newEnvoy(s), id: tenantBucket("acme"), perSecond: steady(20)}
+	const killAt, run = 3 * time.Second, 7 * time.Second
+	start := time.Now()
+	time.AfterFunc(killAt, srv.Kill) // the outage is the event under test
+	driveEnvoys([]*offered{e}, start, run)
+	after := e.admittedIn(killAt+2*rlqsReporting, run)
+	degraded := s.metric("extauthz_degraded_decisions_total")
+	t.Logf("admitted %d before Redis died, %d from two intervals after; degraded decisions %v; streams the server ended %d",
+		e.admittedIn(0, killAt), after, degraded, e.f.Closes.Load())
+	if after == 0 {
+		t.Fatalf("the Envoy was admitted nothing from two reporting intervals after Redis died; assignments must come from the fallback share")
+	}
+	if degraded == 0 {
+		t.Fatalf("no degraded decision was counted while Redis was down: the assignments did not come from the fallback")
+	}
+	if err := e.f.LastStatus(); err != nil {
+		t.Fatalf("the server ended the Envoy's stream while Redis was down: %v (a Redis problem is never a gRPC error)", err)
 	}
 }
