@@ -438,3 +438,28 @@ func TestRLQSRedisDown(t *testing.T) {
 		t.Fatalf("the server ended the Envoy's stream while Redis was down: %v (a Redis problem is never a gRPC error)", err)
 	}
 }
+
+// SIGTERM ends every quota stream with UNAVAILABLE (Envoy reopens one
+// elsewhere; its assignments stay in force until they end), so a stream
+// that lasts as long as Envoy runs does not hold the graceful stop for
+// its whole grace period (10 s by default).
+func TestRLQSShutdownEndsStreams(t *testing.T) {
+	s := startSidecar(t, rlqsTenants("limit: 600, window: 1m"))
+	f := newEnvoy(s)
+	f.Request(tenantBucket("acme")) // opens the stream, reports the bucket
+	deadline := time.Now().Add(10 * time.Second)
+	for f.Responses.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no assignment within 10s of the first report")
+		}
+		time.Sleep(10 * time.Millisecond) // polling an observable, bounded
+	}
+	start := time.Now()
+	must(t, s.stop())
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("SIGTERM took %v with an RLQS stream open; the stream must end at once, not at the grace period's end", took)
+	}
+	if code := grpcstatus.Code(f.LastStatus()); code != codes.Unavailable {
+		t.Fatalf("the Envoy's stream ended with %v (%v); want UNAVAILABLE, so it reconnects", code, f.LastStatus())
+	}
+}
