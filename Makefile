@@ -104,12 +104,6 @@ bench: redis-server
 bench-compare: redis-server
 	$(GO) run ./tests/bench -compare
 
-# Envoy's rate limit quota service: 10 simulated Envoys × 1,000 buckets
-# against one hybrid sidecar, beside Check on the same tenants: CPU and
-# Redis calls per 1,000 admitted requests (docs/rlqs.md). About a minute.
-bench-rlqs: redis-server
-	$(GO) run ./tests/bench -rlqs
-
 # Fleets of 10, 100 and 1,000 simulated sidecars against a standalone Redis
 # and a three-master Cluster, in redis and hybrid mode: Redis commands, CPU,
 # connections, memory per key, call latency, heartbeat load. Record results
@@ -121,6 +115,12 @@ bench-fleet: redis-server
 # a redis-server to lease from.
 bench-micro: redis-server
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./internal/... ./tests/quota
+
+# Envoy's rate limit quota service: 10 simulated Envoys × 1,000 buckets
+# against one hybrid sidecar, beside Check on the same tenants: CPU and
+# Redis calls per 1,000 admitted requests (docs/rlqs.md). About a minute.
+bench-rlqs: redis-server
+	$(GO) run ./tests/bench -rlqs
 
 # Deployment files against their real schemas; needs no Docker or cluster.
 # tests/deploy is a module of its own, so Kubernetes and Istio types stay out
