@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test test-unit lint fuzz redis-server redis-sentinel nginx test-caddy bench bench-compare bench-fleet bench-micro clean image test-deploy test-chart kind-up kind-load kind-apply kind-smoke kind-down demo
+.PHONY: all build run test test-unit lint fuzz redis-server redis-sentinel nginx test-caddy bench bench-compare bench-rlqs bench-fleet bench-micro clean image test-deploy test-chart kind-up kind-load kind-apply kind-smoke kind-down demo
 IMAGE   ?= extauthz:dev
 
 # go-control-plane ships generated marshallers (vtprotobuf) behind this
@@ -137,6 +137,12 @@ bench-micro: redis-server
 SOAKFLAGS ?=
 soak: redis-server build
 	$(GO) run ./tests/soak -bin bin/extauthz $(SOAKFLAGS)
+
+# Envoy's rate limit quota service: 10 simulated Envoys × 1,000 buckets
+# against one hybrid sidecar, beside Check on the same tenants: CPU and
+# Redis calls per 1,000 admitted requests (docs/rlqs.md). About a minute.
+bench-rlqs: redis-server
+	$(GO) run ./tests/bench -rlqs
 
 # Deployment files against their real schemas; needs no Docker or cluster.
 # tests/deploy is a module of its own, so Kubernetes and Istio types stay out

@@ -37,6 +37,7 @@ func TestReflectionListsThePublicServices(t *testing.T) {
 	slices.Sort(names)
 	want := []string{
 		"envoy.service.auth.v3.Authorization",
+		"envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
 		"envoy.service.ratelimit.v3.RateLimitService",
 		"grpc.health.v1.Health",
 		"grpc.reflection.v1.ServerReflection",

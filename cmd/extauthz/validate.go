@@ -54,6 +54,7 @@ func runValidate(e env, args []string) (int, error) {
 	}
 	printSummary(e.stdout, cfg)
 	printRLSSummary(e.stdout, rc)
+	printRLQSSummary(e.stdout, cfg.RLQS)
 	return 0, nil
 }
 

@@ -53,9 +53,10 @@ const RequestTimeout = 5 * time.Second
 // longLived are the streaming methods the sidecar serves whose calls last
 // as long as the caller watches; RequestTimeout does not apply to them.
 var longLived = map[string]bool{
-	"/grpc.health.v1.Health/Watch":                                   true,
-	"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      true,
-	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": true,
+	"/grpc.health.v1.Health/Watch": true,
+	"/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas": true,
+	"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":                      true,
+	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo":                 true,
 }
 
 // requestDeadline is the server's in-tap handle: it runs when a call's

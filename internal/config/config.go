@@ -104,6 +104,7 @@ type Config struct {
 	Plans      map[string]Plan
 	Policies   []Policy
 	RLS        RLS
+	RLQS       RLQS
 	// Warnings are accepted but inadvisable settings, such as plaintext keys.
 	Warnings []string
 }

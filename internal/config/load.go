@@ -30,6 +30,7 @@ type rawConfig struct {
 	Plans         map[string]rawPlan `yaml:"plans"`
 	Policies      []rawPolicy        `yaml:"policies"`
 	RLS           rawRLS             `yaml:"rls"`
+	RLQS          rawRLQS            `yaml:"rlqs"`
 }
 
 type rawListen struct {

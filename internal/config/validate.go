@@ -200,6 +200,7 @@ func validate(r *rawConfig, errs *Errors) *Config {
 		names[p.Name] = i
 		c.Policies = append(c.Policies, p)
 	}
+	c.RLQS = validateRLQS(&r.RLQS, c, errs)
 	return c
 }
 

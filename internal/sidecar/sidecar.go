@@ -19,6 +19,7 @@ import (
 	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -37,6 +38,7 @@ import (
 	"github.com/extauthz/extauthz/internal/quota"
 	"github.com/extauthz/extauthz/internal/quota/local"
 	"github.com/extauthz/extauthz/internal/quota/redisstore"
+	"github.com/extauthz/extauthz/internal/rlqs"
 	"github.com/extauthz/extauthz/internal/rls"
 	"github.com/extauthz/extauthz/internal/rlsconfig"
 	"github.com/extauthz/extauthz/internal/tracing"
@@ -68,6 +70,7 @@ type Sidecar struct {
 	reloads *prometheus.CounterVec // configuration reloads by result
 	running *engine.Running        // the configuration every door decides with
 	rls     *rls.Server
+	rlqs    *rlqs.Server
 	grpc    *grpc.Server
 	http    *http.Server // the HTTP door; nil without listen.http
 	health  *health.Server
@@ -146,6 +149,7 @@ func New(cfg *config.Config, rc *rlsconfig.Config, o Options, log *slog.Logger) 
 	if err != nil {
 		return nil, err
 	}
+	s.rlqs = rlqs.New(s.running, rlqs.WithLog(log), rlqs.WithMetrics(rlqs.NewMetrics(reg)))
 	srv := check.NewServer(s.running, check.WithDecisionLog(log, o.DecisionLogEvery), check.WithTracer(s.tracer))
 	if cfg.Listen.HTTP != "" {
 		s.http = &http.Server{
@@ -185,6 +189,7 @@ func New(cfg *config.Config, rc *rlsconfig.Config, o Options, log *slog.Logger) 
 	s.grpc = grpc.NewServer(opts...)
 	authv3.RegisterAuthorizationServer(s.grpc, srv)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.rls)
+	rlqsv3.RegisterRateLimitQuotaServiceServer(s.grpc, s.rlqs)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	if cfg.Listen.Reflection {
 		reflection.Register(s.grpc)
@@ -295,6 +300,7 @@ func (s *Sidecar) Start() error {
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(rlqsv3.RateLimitQuotaService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.ready.Store(true)
 	adminAddr, httpAddr := "", ""
 	if alis != nil {
@@ -476,6 +482,10 @@ func (s *Sidecar) Shutdown(now <-chan struct{}) int {
 	done := make(chan struct{})
 	go func() {
 		var wg sync.WaitGroup
+		// Envoy's quota streams last as long as Envoy runs: end them
+		// (Envoy reopens one elsewhere; its assignments stay in force
+		// until they end), so the graceful stop waits only for calls.
+		s.rlqs.Close()
 		wg.Go(s.grpc.GracefulStop)
 		if s.http != nil {
 			// Closes the listener and idle connections, then waits for

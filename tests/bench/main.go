@@ -73,9 +73,12 @@ func main() {
 	flag.DurationVar(&o.measure, "measure", config.DefaultLeaseTTL, "the key distributions' measured load per row: one lease life by default")
 	flag.BoolVar(&o.steadyOnly, "steady-only", false, "only the key distributions in steady state")
 	flag.BoolVar(&o.compare, "compare", false, "only the comparison with envoyproxy/ratelimit (make bench-compare)")
+	rlqs := flag.Bool("rlqs", false, "only the rate limit quota service row beside Check's (10 Envoys × 1,000 buckets)")
 	flag.Parse()
 	var err error
-	if o.compare {
+	if *rlqs {
+		err = runRLQS()
+	} else if o.compare {
 		err = runCompare(o)
 	} else {
 		err = run(o)

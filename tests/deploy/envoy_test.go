@@ -32,6 +32,7 @@ import (
 	// resolves "@type" against the types linked in, so a missing import
 	// fails loudly ("unable to resolve"), never silently.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rate_limit_quota/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/fixed_heap/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -347,6 +348,11 @@ func checkHCM(p *problems, name string, raw []byte, b *bootstrapv3.Bootstrap, h 
 	}
 	if _, ok := unpack[*routerv3.Router](filters[len(filters)-1].GetTypedConfig()); !ok {
 		p.add("%s: the last http filter is %s, want the router", name, filters[len(filters)-1].GetName())
+	}
+	if q := rlqsFilterOf(filters); q != nil {
+		// Envoy enforces extauthz's quota assignments: no call per request.
+		checkRLQSBootstrap(p, name, b, q, sc)
+		return
 	}
 	if rl, _ := rateLimitFilterOf(filters); rl != nil {
 		// Global rate limiting: the ratelimit filter calls extauthz's

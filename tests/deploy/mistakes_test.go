@@ -24,6 +24,7 @@ func TestEnvoyChecksCatchMistakes(t *testing.T) {
 	jwt := files{"envoy/envoy-jwt.yaml", "envoy/extauthz-jwt.yaml"}
 	rls := files{"envoy/envoy-ratelimit.yaml", "envoy/extauthz-ratelimit.yaml"}
 	http := files{"envoy/envoy-http.yaml", "envoy/extauthz-http.yaml"}
+	rlqs := files{"envoy/envoy-rlqs.yaml", "envoy/extauthz-rlqs.yaml"}
 	for _, tc := range []struct {
 		name       string
 		files      files
@@ -103,6 +104,16 @@ func TestEnvoyChecksCatchMistakes(t *testing.T) {
 			want: `health-check route "health" has rate_limits`},
 		{name: "rate limit sidecar without the domain", files: rls, inSidecar: true, old: "domains: [ratelimit-edge.yaml]", new: "domains: []",
 			want: `ratelimit filter domain "edge" is defined by no descriptor file`},
+		{name: "rlqs domain", files: rlqs, old: "domain: edge", new: "domain: egde",
+			want: `the rate_limit_quota filter's domain "egde" is not one of extauthz's rlqs.domains`},
+		{name: "rlqs allows without an assignment", files: rlqs, old: "fallback_rate_limit: {blanket_rule: DENY_ALL}", new: "fallback_rate_limit: {blanket_rule: ALLOW_ALL}",
+			want: "no_assignment_behavior is not DENY_ALL"},
+		{name: "rlqs reports too rarely", files: rlqs, old: "reporting_interval: 1s", new: "reporting_interval: 5s",
+			want: "reporting_interval 5s is not shorter than extauthz's rlqs.assignment_ttl 3s"},
+		{name: "rlqs bucket unmapped", files: rlqs, old: "name: {string_value: orders}", new: "name: {string_value: order}",
+			want: "that no rule of extauthz's domain \"edge\" maps"},
+		{name: "rlqs cluster port", files: rlqs, old: "port_value: 9001", new: "port_value: 9002",
+			want: "sends Checks to 127.0.0.1:9002"},
 		{name: "http_service port", files: http, old: "port_value: 9002", new: "port_value: 9001",
 			want: "sends auth requests to 127.0.0.1:9001, but extauthz's HTTP door listens on 127.0.0.1:9002"},
 		{name: "no HTTP door", files: http, inSidecar: true, old: "http: 127.0.0.1:9002", new: "",

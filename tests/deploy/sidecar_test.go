@@ -52,6 +52,7 @@ type sidecarConfig struct {
 	RLS struct {
 		Domains []string `json:"domains"`
 	} `json:"rls"`
+	RLQS rlqsSection `json:"rlqs"`
 
 	// domains are the rate limit service's descriptor files, by domain,
 	// once loadDomains has read them.

@@ -1,0 +1,465 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/extauthz/extauthz/tests/internal/envoyrlqs"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
+)
+
+// The rate limit quota service door (Envoy's rate_limit_quota filter),
+// end to end: the real binary, real Redis at the shipped defaults (hybrid
+// mode, rlqs.assignment_ttl 3s), and Envoys simulated by
+// tests/internal/envoyrlqs, which enforces assignments as Envoy's filter
+// does, with the reporting interval and no_assignment_behavior of
+// envoy/envoy-rlqs.yaml (1s, DENY_ALL).
+
+// rlqsReporting is envoy/envoy-rlqs.yaml's reporting_interval.
+const rlqsReporting = time.Second
+
+// rlqsTenants is a policy counting per tenant, and the rlqs section
+// mapping the edge domain's bucket {name: orders, tenant: T} to it, so a
+// Check with x-tenant: T counts in the same bucket.
+func rlqsTenants(policy string) string {
+	return `
+policies:
+  - {name: orders, key: ["header:x-tenant"], ` + policy + `}
+rlqs:
+  domains:
+    - name: edge
+      buckets:
+        - {match: {name: orders}, policy: orders, key: [tenant]}
+`
+}
+
+func newEnvoy(s *sidecar) *envoyrlqs.Filter {
+	f := envoyrlqs.New(s.conn, envoyrlqs.Options{Domain: "edge", ReportingInterval: rlqsReporting, NoAssignmentDeny: true})
+	s.t.Cleanup(f.Close)
+	return f
+}
+
+func tenantBucket(tenant string) map[string]string {
+	return map[string]string{"name": "orders", "tenant": tenant}
+}
+
+// offered is one simulated Envoy's traffic on one bucket: perSecond(at)
+// requests a second at each instant of the run, and when each admitted
+// request was admitted.
+type offered struct {
+	f         *envoyrlqs.Filter
+	id        map[string]string
+	perSecond func(at time.Duration) float64
+	mu        sync.Mutex
+	admits    []time.Duration
+}
+
+func (o *offered) admittedIn(from, to time.Duration) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, a := range o.admits {
+		if a >= from && a < to {
+			n++
+		}
+	}
+	return n
+}
+
+// driveEnvoys runs every offer for d from start, in 10 ms steps (a bounded
+// load: at most d/10ms steps per offer), and returns when all stopped.
+func driveEnvoys(offers []*offered, start time.Time, d time.Duration) {
+	var wg sync.WaitGroup
+	for _, o := range offers {
+		wg.Go(func() {
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			due := 0.0
+			last := time.Duration(0)
+			for now := range tick.C {
+				at := now.Sub(start)
+				if at >= d {
+					return
+				}
+				due += o.perSecond(at) * (at - last).Seconds()
+				last = at
+				for ; due >= 1; due-- {
+					if o.f.Request(o.id) {
+						o.mu.Lock()
+						o.admits = append(o.admits, time.Since(start))
+						o.mu.Unlock()
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// steady is a constant demand.
+func steady(perSecond float64) func(time.Duration) float64 {
+	return func(time.Duration) float64 { return perSecond }
+}
+
+// tenantCheck is a Check of a request carrying x-tenant: tenant.
+func tenantCheck(tenant string) envoyRequest {
+	return envoyRequest{path: "/orders", headers: [][2]string{{"x-tenant", tenant}}}
+}
+
+// N Envoys on two replicas, and Checks through one of them, on one
+// tenant's bucket at the shipped defaults: together they admit no more
+// than the bucket, burst plus refill at the policy's rate over the
+// measured run. The policy is 600 a minute (10 a second) with a burst of
+// 100, so most of what is admitted is refill, paid for ahead of use;
+// four Envoys offer 40 a second each and the Checks 10 a second for 8 s
+// (1,360 offered): the bucket, not the demand, bounds what is admitted.
+func TestRLQSEnvoysShareOneBucket(t *testing.T) {
+	srv := testredis.Start(t)
+	replicas := startReplicas(t, 2, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
+	waitPeers(t, replicas, 2)
+	id := tenantBucket("acme")
+	var offers []*offered
+	for i := 0; i < 4; i++ {
+		offers = append(offers, &offered{f: newEnvoy(replicas[i%2]), id: id, perSecond: steady(40)})
+	}
+	const run = 8 * time.Second
+	start := time.Now()
+	var checksAllowed, checksSent int
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for now := range tick.C {
+			if now.Sub(start) >= run {
+				return
+			}
+			checksSent++
+			if replicas[0].check(tenantCheck("acme").build()).GetStatus().GetCode() == int32(codes.OK) {
+				checksAllowed++
+			}
+		}
+	})
+	driveEnvoys(offers, start, run)
+	wg.Wait()
+	elapsed := time.Since(start)
+	envoys := 0
+	for _, o := range offers {
+		envoys += len(o.admits)
+	}
+	bound := 100 + int(math.Ceil(10*elapsed.Seconds()))
+	t.Logf("admitted: Envoys %d, Checks %d of %d; the bucket over %.2fs: %d (under-use %d, %.0f%%)",
+		envoys, checksAllowed, checksSent, elapsed.Seconds(), bound, bound-envoys-checksAllowed, 100*float64(bound-envoys-checksAllowed)/float64(bound))
+	if envoys+checksAllowed > bound {
+		t.Fatalf("one tenant's bucket admitted %d (Envoys %d + Checks %d) through RLQS and Check in %.2fs; it holds at most burst 100 + 10/s × %.2fs = %d",
+			envoys+checksAllowed, envoys, checksAllowed, elapsed.Seconds(), elapsed.Seconds(), bound)
+	}
+	if checksAllowed == 0 || checksAllowed == checksSent {
+		t.Fatalf("Checks on the tenant: %d of %d allowed; the Envoys' takes should have emptied the bucket they share", checksAllowed, checksSent)
+	}
+	// Under-use stated, not bounded by the claim; a door that admitted
+	// little would pass the bound trivially, so at least half the bucket
+	// must have been used.
+	if envoys+checksAllowed < bound/2 {
+		t.Fatalf("admitted %d of a bucket of %d: the Envoys were starved", envoys+checksAllowed, bound)
+	}
+	assertNoFallback(t, replicas)
+}
+
+// A report that makes no sense ends its stream with a status naming what
+// was wrong, counted by reason, and nothing is taken for it: the tenant's
+// count is untouched (a Check sees it full) and no token was taken.
+func TestRLQSNonsenseReports(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 5, window: 1m")))
+	usage := func(elapsed *durationpb.Duration, allowed uint64) *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage {
+		return &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: tenantBucket("acme")}, TimeElapsed: elapsed, NumRequestsAllowed: allowed}
+	}
+	big := &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge"}
+	for i := 0; i <= 10000; i++ { // rlqs.max_buckets_per_stream is 10,000
+		big.BucketQuotaUsages = append(big.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"name": "orders", "tenant": fmt.Sprint("t", i)}}})
+	}
+	cases := []struct {
+		name, reason string
+		code         codes.Code
+		report       *rlqsv3.RateLimitQuotaUsageReports
+	}{
+		{"no domain", "no_domain", codes.InvalidArgument, &rlqsv3.RateLimitQuotaUsageReports{BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(durationpb.New(time.Second), 1)}}},
+		{"unknown domain", "unknown_domain", codes.NotFound, &rlqsv3.RateLimitQuotaUsageReports{Domain: "nope", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(durationpb.New(time.Second), 1)}}},
+		{"negative time_elapsed", "bad_time_elapsed", codes.InvalidArgument, &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(&durationpb.Duration{Seconds: -5}, 1)}}},
+		{"huge time_elapsed", "bad_time_elapsed", codes.InvalidArgument, &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(&durationpb.Duration{Seconds: 1 << 40}, 1)}}},
+		{"huge count", "bad_count", codes.InvalidArgument, &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(durationpb.New(time.Second), 1<<40)}}},
+		{"empty bucket id", "bad_bucket_id", codes.InvalidArgument, &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{TimeElapsed: durationpb.New(time.Second)}}}},
+		{"too many buckets", "too_many_usages", codes.InvalidArgument, big},
+	}
+	client := rlqsv3.NewRateLimitQuotaServiceClient(s.conn)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := s.metric("extauthz_rlqs_refused_total", "reason", c.reason)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			st, err := client.StreamRateLimitQuotas(ctx)
+			must(t, err)
+			must(t, st.Send(c.report))
+			_, err = st.Recv()
+			if got := grpcstatus.Code(err); got != c.code {
+				t.Fatalf("a report with %s: the stream ended with %v (%v); want %v", c.name, got, err, c.code)
+			}
+			t.Logf("%s: %v", c.name, err)
+			if after := s.metric("extauthz_rlqs_refused_total", "reason", c.reason); after != before+1 {
+				t.Fatalf("extauthz_rlqs_refused_total{reason=%q} went from %v to %v; want one more", c.reason, before, after)
+			}
+		})
+	}
+	if taken := s.metric("extauthz_rlqs_tokens_taken_total"); taken != 0 {
+		t.Fatalf("%v tokens were taken for refused reports; want none", taken)
+	}
+	// The tenant's whole limit is still there for Check: 5 allowed, the
+	// sixth denied.
+	for i := 1; i <= 6; i++ {
+		got := s.check(tenantCheck("acme").build()).GetStatus().GetCode()
+		if want := i <= 5; (got == int32(codes.OK)) != want {
+			t.Fatalf("Check %d on the tenant after refused reports: status %d; want allowed=%v (nothing charged for the reports)", i, got, want)
+		}
+	}
+}
+
+// Demand that moves from one Envoy to another is followed within two
+// reporting intervals. The policy is 10 a second with a burst of 100;
+// Envoy A offers 30 a second and B 3 for 4 s (the burst drains), then
+// they swap for 6 s. From two reporting intervals after the swap, B is
+// admitted at least half of what the limit leaves beside A's new demand
+// (10 − 3 = 7 a second); the rest is the under-use the test states. The
+// two together never pass the bucket.
+func TestRLQSDemandMoves(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
+	id := tenantBucket("acme")
+	const swap, run = 4 * time.Second, 10 * time.Second
+	phase := func(before, after float64) func(time.Duration) float64 {
+		return func(at time.Duration) float64 {
+			if at < swap {
+				return before
+			}
+			return after
+		}
+	}
+	a := &offered{f: newEnvoy(s), id: id, perSecond: phase(30, 3)}
+	b := &offered{f: newEnvoy(s), id: id, perSecond: phase(3, 30)}
+	start := time.Now()
+	driveEnvoys([]*offered{a, b}, start, run)
+	elapsed := time.Since(start)
+	from := swap + 2*rlqsReporting
+	got := b.admittedIn(from, run)
+	window := (run - from).Seconds()
+	want := 7 * window
+	t.Logf("after the swap: B admitted %d in %.0fs from %v (%.1f/s; the limit leaves 7/s beside A's 3/s: under-use %.0f%%); A admitted %d in that window",
+		got, window, from, float64(got)/window, 100*(1-float64(got)/want), a.admittedIn(from, run))
+	if float64(got) < want/2 {
+		t.Fatalf("B was admitted %d in the %.0fs from two reporting intervals after its demand rose to 30/s; the limit leaves it 7/s (%.0f), and the door must follow within two intervals with at least half", got, window, want)
+	}
+	total := len(a.admits) + len(b.admits)
+	if bound := 100 + int(math.Ceil(10*elapsed.Seconds())); total > bound {
+		t.Fatalf("A and B admitted %d in %.2fs; the bucket holds at most burst 100 + 10/s × %.2fs = %d", total, elapsed.Seconds(), elapsed.Seconds(), bound)
+	}
+}
+
+// An Envoy whose stream drops and comes back loses at most its
+// assignment: it reopens the stream at its next report and is admitted
+// again within two reporting intervals, and the Envoys together still
+// never pass the bucket (the dropped stream's assignment stays paid for
+// until it ends).
+func TestRLQSReconnect(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
+	id := tenantBucket("acme")
+	a := &offered{f: newEnvoy(s), id: id, perSecond: steady(15)}
+	b := &offered{f: newEnvoy(s), id: id, perSecond: steady(15)}
+	const dropAt, run = 3 * time.Second, 8 * time.Second
+	start := time.Now()
+	var wg sync.WaitGroup
+	wg.Go(func() { driveEnvoys([]*offered{a, b}, start, run) })
+	time.AfterFunc(dropAt, a.f.Drop) // the drop is the event under test, not a synchronisation
+	wg.Wait()
+	elapsed := time.Since(start)
+	back := a.admittedIn(dropAt+2*rlqsReporting, run)
+	t.Logf("A admitted %d before the drop, %d from two intervals after it; B %d in all; streams the server ended: %d",
+		a.admittedIn(0, dropAt), back, len(b.admits), a.f.Closes.Load())
+	if back == 0 {
+		t.Fatalf("A was admitted nothing from two reporting intervals after its stream dropped; it must be back in the share")
+	}
+	// The dropped stream ended on the server too: two streams are open,
+	// A's new one and B's, not the dead one besides.
+	if open := s.metric("extauthz_rlqs_streams"); open != 2 {
+		t.Fatalf("extauthz_rlqs_streams is %v after A's stream dropped and came back; want 2 (a dropped stream must not hold its place)", open)
+	}
+	total := len(a.admits) + len(b.admits)
+	if bound := 100 + int(math.Ceil(10*elapsed.Seconds())); total > bound {
+		t.Fatalf("A and B admitted %d in %.2fs; the bucket holds at most burst 100 + 10/s × %.2fs = %d", total, elapsed.Seconds(), elapsed.Seconds(), bound)
+	}
+}
+
+// rlqsRules maps four buckets of domain edge (one counted, one
+// unlimited, one shadow, and whatever else: unknown, denied by default)
+// and serves domain open, whose unknown buckets are allowed.
+func rlqsRules(withOrders bool) string {
+	orders := ""
+	if withOrders {
+		orders = "        - {match: {name: orders}, policy: orders, key: [tenant]}\n"
+	}
+	return `
+policies:
+  - {name: orders, key: ["header:x-tenant"], limit: 5, window: 1m}
+  - {name: free, key: ["header:x-tenant"], unlimited: true}
+  - {name: watched, key: ["header:x-tenant"], limit: 5, window: 1m, shadow: true}
+rlqs:
+  domains:
+    - name: edge
+      buckets:
+` + orders + `        - {match: {name: free}, policy: free, key: [tenant]}
+        - {match: {name: watched}, policy: watched, key: [tenant]}
+    - name: open
+      unknown_bucket: allow
+`
+}
+
+// report is one exchange on a raw stream: a report of buckets (one
+// request denied each, as Envoy's first report of a bucket under
+// DENY_ALL has), and the answer, by the bucket's name entry.
+func rlqsExchange(t *testing.T, st rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient, domain string, ids ...map[string]string) map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction {
+	t.Helper()
+	r := &rlqsv3.RateLimitQuotaUsageReports{Domain: domain}
+	for _, id := range ids {
+		r.BucketQuotaUsages = append(r.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(0), NumRequestsDenied: 1,
+		})
+	}
+	must(t, st.Send(r))
+	resp, err := st.Recv()
+	must(t, err)
+	out := map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction{}
+	for _, a := range resp.GetBucketAction() {
+		out[a.GetBucketId().GetBucket()["name"]] = a
+	}
+	return out
+}
+
+func blanketOf(a *rlqsv3.RateLimitQuotaResponse_BucketAction) string {
+	s := a.GetQuotaAssignmentAction().GetRateLimitStrategy()
+	switch {
+	case a.GetAbandonAction() != nil:
+		return "abandon"
+	case s.GetTokenBucket() != nil:
+		return "token_bucket"
+	case s != nil:
+		return s.GetBlanketRule().String()
+	}
+	return "none"
+}
+
+// Every bucket gets an answer: a counted policy's a token bucket (a
+// lease), an unlimited or a shadow policy's ALLOW_ALL, an unknown
+// bucket its domain's unknown_bucket (DENY_ALL unless allow is
+// configured: never a silent allow); each lives rlqs.assignment_ttl
+// (3s). A bucket whose rule leaves the configuration is abandoned at its
+// next report.
+func TestRLQSBucketRules(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsRules(true)))
+	client := rlqsv3.NewRateLimitQuotaServiceClient(s.conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := client.StreamRateLimitQuotas(ctx)
+	must(t, err)
+	got := rlqsExchange(t, st, "edge", tenantBucket("acme"), map[string]string{"name": "free", "tenant": "acme"},
+		map[string]string{"name": "watched", "tenant": "acme"}, map[string]string{"name": "stranger"})
+	for name, want := range map[string]string{"orders": "token_bucket", "free": "ALLOW_ALL", "watched": "ALLOW_ALL", "stranger": "DENY_ALL"} {
+		a := got[name]
+		if b := blanketOf(a); b != want {
+			t.Errorf("bucket %s: answered %s; want %s", name, b, want)
+		}
+		if ttl := a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().GetSeconds(); ttl != 3 {
+			t.Errorf("bucket %s: time to live %ds; want rlqs.assignment_ttl's 3s", name, ttl)
+		}
+	}
+	if tb := got["orders"].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket(); tb.GetMaxTokens() > 5 {
+		t.Errorf("bucket orders: a token bucket of %d tokens from a limit of 5", tb.GetMaxTokens())
+	}
+
+	open, err := client.StreamRateLimitQuotas(ctx)
+	must(t, err)
+	if b := blanketOf(rlqsExchange(t, open, "open", map[string]string{"name": "stranger"})["stranger"]); b != "ALLOW_ALL" {
+		t.Errorf("an unknown bucket of domain open (unknown_bucket: allow): answered %s; want ALLOW_ALL", b)
+	}
+
+	// The orders rule leaves the configuration: its bucket is abandoned.
+	must(t, os.WriteFile(s.config, []byte("listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0}\n"+defaultsConfig(srv.Addr, "hybrid", rlqsRules(false))), 0o600))
+	s.cmd.Process.Signal(syscall.SIGHUP)
+	waitMetric(t, s, 10*time.Second, 1, "extauthz_config_reloads_total", "result", "success")
+	if b := blanketOf(rlqsExchange(t, st, "edge", tenantBucket("acme"))["orders"]); b != "abandon" {
+		t.Errorf("bucket orders after its rule left the configuration: answered %s; want abandon", b)
+	}
+}
+
+// While Redis is unreachable, assignments come from the local fallback
+// share (on_redis_error: fallback, the default), as a Check's decisions
+// do: the Envoy keeps being assigned tokens, never an error, and the
+// decisions count as degraded. The policy is 10 a second; the Envoy
+// offers 20 a second for 3 s, Redis dies, and it goes on for 4 s more.
+func TestRLQSRedisDown(t *testing.T) {
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
+	e := &offered{f: newEnvoy(s), id: tenantBucket("acme"), perSecond: steady(20)}
+	const killAt, run = 3 * time.Second, 7 * time.Second
+	start := time.Now()
+	time.AfterFunc(killAt, srv.Kill) // the outage is the event under test
+	driveEnvoys([]*offered{e}, start, run)
+	after := e.admittedIn(killAt+2*rlqsReporting, run)
+	degraded := s.metric("extauthz_degraded_decisions_total")
+	t.Logf("admitted %d before Redis died, %d from two intervals after; degraded decisions %v; streams the server ended %d",
+		e.admittedIn(0, killAt), after, degraded, e.f.Closes.Load())
+	if after == 0 {
+		t.Fatalf("the Envoy was admitted nothing from two reporting intervals after Redis died; assignments must come from the fallback share")
+	}
+	if degraded == 0 {
+		t.Fatalf("no degraded decision was counted while Redis was down: the assignments did not come from the fallback")
+	}
+	if err := e.f.LastStatus(); err != nil {
+		t.Fatalf("the server ended the Envoy's stream while Redis was down: %v (a Redis problem is never a gRPC error)", err)
+	}
+}
+
+// SIGTERM ends every quota stream with UNAVAILABLE (Envoy reopens one
+// elsewhere; its assignments stay in force until they end), so a stream
+// that lasts as long as Envoy runs does not hold the graceful stop for
+// its whole grace period (10 s by default).
+func TestRLQSShutdownEndsStreams(t *testing.T) {
+	s := startSidecar(t, rlqsTenants("limit: 600, window: 1m"))
+	f := newEnvoy(s)
+	f.Request(tenantBucket("acme")) // opens the stream, reports the bucket
+	deadline := time.Now().Add(10 * time.Second)
+	for f.Responses.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no assignment within 10s of the first report")
+		}
+		time.Sleep(10 * time.Millisecond) // polling an observable, bounded
+	}
+	start := time.Now()
+	must(t, s.stop())
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("SIGTERM took %v with an RLQS stream open; the stream must end at once, not at the grace period's end", took)
+	}
+	if code := grpcstatus.Code(f.LastStatus()); code != codes.Unavailable {
+		t.Fatalf("the Envoy's stream ended with %v (%v); want UNAVAILABLE, so it reconnects", code, f.LastStatus())
+	}
+}
