@@ -189,6 +189,24 @@ type RLS struct {
 	// ResponseHeaders sends RateLimit-Policy and RateLimit (and, with
 	// headers.legacy, X-RateLimit-*) in every answer.
 	ResponseHeaders bool
+	// ShadowMode and QuotaMode are envoyproxy/ratelimit's SHADOW_MODE and
+	// QUOTA_MODE for every descriptor: every limit decides and counts,
+	// and the overall code is always OK; in quota mode the limits over
+	// are listed in the dynamic metadata (DynamicMetadata) and their
+	// statuses are OK.
+	ShadowMode, QuotaMode bool
+	// DynamicMetadata puts envoyproxy/ratelimit's dynamic metadata in
+	// every answer (RESPONSE_DYNAMIC_METADATA): the domain, the
+	// descriptors, and the quota-mode violations.
+	DynamicMetadata bool
+	// LimitHeaders, when set, adds envoyproxy/ratelimit's three headers
+	// (LIMIT_RESPONSE_HEADERS_ENABLED) to every answer with a limit.
+	LimitHeaders *LimitHeaders
+}
+
+// LimitHeaders names envoyproxy/ratelimit's response headers.
+type LimitHeaders struct {
+	Limit, Remaining, Reset string // by default RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset
 }
 
 // Headers holds response header options.
