@@ -128,6 +128,10 @@ type ServerTLS struct {
 	CertFile     string
 	KeyFile      string
 	ClientCAFile string // "": clients are not asked for a certificate
+	// ClientSAN, when set, is a name (DNS, URI or email SAN) a client
+	// certificate must carry. No YAML key: envoyproxy/ratelimit's
+	// GRPC_CLIENT_TLS_SAN sets it (internal/rlsenv).
+	ClientSAN string
 }
 
 // ClientTLS configures TLS to Redis.

@@ -16,6 +16,9 @@ import (
 // knows each field's path, reports bad values.
 
 type rawFile struct {
+	// Name is the configuration's name, as Envoy Gateway writes it (the
+	// xDS resource's); envoyproxy/ratelimit accepts and ignores it.
+	Name        string          `yaml:"name"`
 	Domain      string          `yaml:"domain"`
 	Descriptors []rawDescriptor `yaml:"descriptors"`
 }
