@@ -1,19 +1,25 @@
 package main
 
 import (
-	"errors"
+	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/extauthz/extauthz/internal/certfile"
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/gctune"
 	"github.com/extauthz/extauthz/internal/rlsconfig"
 	"github.com/extauthz/extauthz/internal/rlsenv"
+	"github.com/extauthz/extauthz/internal/rlsxds"
 	"github.com/extauthz/extauthz/internal/sidecar"
 )
 
@@ -69,7 +75,7 @@ func runRatelimit(e env, args []string) (int, error) {
 			log.Warn("config warning", "source", cfg.Source, "warning", w)
 		}
 	case rlsenv.ConfigXDS:
-		return 1, errors.New("CONFIG_TYPE=GRPC_XDS_SOTW: not wired yet")
+		return serveXDS(re, cfg, opts, log)
 	}
 	log.Debug("garbage collector", "gogc", gctune.Apply())
 	s, err := sidecar.New(cfg, rc, opts, log)
@@ -77,6 +83,90 @@ func runRatelimit(e env, args []string) (int, error) {
 		return 1, err
 	}
 	return s.Run()
+}
+
+// serveXDS serves with descriptors over xDS: it subscribes, waits for the
+// first good configuration unless FORCE_START_WITHOUT_INITIAL_CONFIG is
+// set (then it serves at once, with no limits until one arrives), and
+// swaps in every update after that.
+func serveXDS(re *rlsenv.Env, cfg *config.Config, opts sidecar.Options, log *slog.Logger) (int, error) {
+	x := re.XDS
+	xo := rlsxds.Options{
+		ServerURL: x.ServerURL, NodeID: x.NodeID, NodeMetadata: x.NodeMetadata, Headers: x.Headers,
+		BackoffInitial: x.BackoffInitial, BackoffMax: x.BackoffMax, BackoffFactor: x.BackoffFactor, Jitter: x.BackoffJitter,
+		MaxMsgSize: x.MaxMsgSize, Log: log,
+	}
+	if t := x.TLS; t != nil {
+		var keys *certfile.KeyPair
+		var roots *certfile.Pool
+		var err error
+		if t.CertFile != "" {
+			if keys, err = certfile.NewKeyPair(t.CertFile, t.KeyFile); err != nil {
+				return 1, fmt.Errorf("CONFIG_GRPC_XDS_CLIENT_TLS_CERT/KEY: %w", err)
+			}
+		}
+		if t.CAFile != "" {
+			if roots, err = certfile.NewPool(t.CAFile); err != nil {
+				return 1, fmt.Errorf("CONFIG_GRPC_XDS_SERVER_TLS_CACERT: %w", err)
+			}
+		}
+		name := t.ServerName
+		if name == "" {
+			name, _, _ = net.SplitHostPort(x.ServerURL)
+		}
+		xo.TLS = certfile.Client(keys, roots, name, tls.VersionTLS13)
+	}
+
+	// current is the last good update, which a reload of the main
+	// configuration checks again (read without mu: a reload holds the
+	// sidecar's lock, which an update under mu waits for). mu orders
+	// updates with the sidecar's creation, so none is lost between the
+	// two.
+	var (
+		current atomic.Pointer[rlsxds.Set]
+		mu      sync.Mutex
+		side    *sidecar.Sidecar // guarded by mu
+		first   = make(chan struct{})
+		once    sync.Once
+	)
+	loadCurrent := func(c *config.Config) (*rlsconfig.Config, error) {
+		return current.Load().Load(rlsconfig.OptionsFor(c))
+	}
+	xo.Apply = func(set *rlsxds.Set) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if side != nil {
+			if err := side.UpdateRLS("xds", func(c *config.Config) (*rlsconfig.Config, error) {
+				return set.Load(rlsconfig.OptionsFor(c))
+			}); err != nil {
+				return err
+			}
+		} else if _, err := set.Load(rlsconfig.OptionsFor(cfg)); err != nil {
+			log.Error("xds: update refused (NACK)", "error", err.Error())
+			return err
+		}
+		current.Store(set)
+		once.Do(func() { close(first) })
+		return nil
+	}
+	opts.RLS = loadCurrent
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go rlsxds.Run(ctx, xo)
+	if !re.ForceStart {
+		log.Info("xds: waiting for the first configuration before serving (FORCE_START_WITHOUT_INITIAL_CONFIG is off)", "server", x.ServerURL)
+		<-first
+	}
+	mu.Lock()
+	rc, err := loadCurrent(cfg)
+	if err == nil {
+		side, err = sidecar.New(cfg, rc, opts, log)
+	}
+	mu.Unlock()
+	if err != nil {
+		return 1, err
+	}
+	return side.Run()
 }
 
 // envLogger logs as LOG_LEVEL and LOG_FORMAT say.

@@ -33,7 +33,7 @@ func (e *Env) Explain(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\n  /healthcheck, /healthz, /readyz, /metrics on %s\n", e.HTTPAddr)
 	if p := e.Prometheus; p != nil {
-		fmt.Fprintf(w, "  the anchor's metrics on %s%s\n", p.Addr, p.Path)
+		fmt.Fprintf(w, "  extauthz's metrics also on %s%s\n", p.Addr, p.Path)
 	}
 	switch e.ConfigType {
 	case ConfigXDS:

@@ -539,13 +539,13 @@ func (r *reader) telemetry() {
 	r.str("EXTRA_TAGS", "", "unused without statsd")
 	r.str("STATS_FLUSH_INTERVAL", "10s", "unused: Prometheus is scraped")
 	r.boolean("DISABLE_STATS", false, "accepted: extauthz's own metrics stay on the HTTP listener's /metrics")
-	prom := r.boolean("USE_PROMETHEUS", false, "serve the anchor's metrics for Prometheus on PROMETHEUS_ADDR")
+	prom := r.boolean("USE_PROMETHEUS", false, "serve metrics for Prometheus on PROMETHEUS_ADDR: extauthz's own series (extauthz_decisions_total by policy, domain.key_value); the anchor's series names are not served")
 	p := &Prometheus{
 		Addr:       r.str("PROMETHEUS_ADDR", ":9090", "where the metrics are served"),
 		Path:       r.str("PROMETHEUS_PATH", "/metrics", "their path"),
-		MapperYAML: r.str("PROMETHEUS_MAPPER_YAML", "", "a statsd_exporter mapping of the anchor's stat names to Prometheus names"),
+		MapperYAML: r.str("PROMETHEUS_MAPPER_YAML", "", "accepted, not applied: the anchor's stat names are not served, so there is nothing to map"),
 	}
-	p.NearLimitRatio = r.float("NEAR_LIMIT_RATIO", "0.8", "a hit past this share of the limit counts as near_limit")
+	p.NearLimitRatio = r.float("NEAR_LIMIT_RATIO", "0.8", "accepted: no near_limit series is served")
 	if prom {
 		e.Prometheus = p
 	}
