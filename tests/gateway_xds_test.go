@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/extauthz/extauthz/tests/internal/testcerts"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 // xdsServer is a rate limit configuration server built as Envoy
@@ -314,5 +317,35 @@ func TestRatelimitXDSForceStart(t *testing.T) {
 	}
 	if got := admittedOf(p, 5, dom, chainRequest("backend")); got != 3 {
 		t.Fatalf("route rule: %d of 5 admitted, want 3", got)
+	}
+}
+
+// One variable turns on hybrid: EXTAUTHZ_OVERLAY names an extauthz file
+// (here default_mode: hybrid) merged with the environment and with what
+// xDS sends. The route rule is still exact (3 of 5 an hour) and its
+// decisions are hybrid mode's; a setting the environment already gives
+// (listen.grpc) in the file is an error naming both.
+func TestRatelimitOverlayHybrid(t *testing.T) {
+	srv := testredis.Start(t)
+	certs := testcerts.Write(t, "xds")
+	x := newXDSServer(t, certs, "127.0.0.1:0")
+	x.push("1", listenerDomain())
+	overlay := filepath.Join(t.TempDir(), "hybrid.yaml")
+	must(t, os.WriteFile(overlay, []byte("default_mode: hybrid\n"), 0o600))
+	env := append(xdsEnv(certs, x.addr), "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+srv.Addr, "EXTAUTHZ_OVERLAY="+overlay)
+	p := startRatelimit(t, ratelimitBinary(t), nil, env...)
+	if got := admittedOf(p, 5, "default/eg/http", chainRequest("backend")); got != 3 {
+		t.Fatalf("route rule in hybrid mode: %d of 5 admitted, want 3", got)
+	}
+	policy := "default/eg/http.httproute/default/backend/rule/0/match/-1_httproute/default/backend/rule/0/match/-1.rule-0-match--1_rule-0-match--1"
+	if n := p.metric("extauthz_decisions_total", "policy", policy, "mode", "hybrid", "result", "allowed"); n != 3 {
+		t.Fatalf("extauthz_decisions_total{mode=hybrid,result=allowed} = %v for the route rule, want 3", n)
+	}
+
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	must(t, os.WriteFile(bad, []byte("listen: {grpc: 127.0.0.1:9}\n"), 0o600))
+	code, _, stderr := runRatelimit(t, ratelimitBinary(t), append(env, "EXTAUTHZ_OVERLAY="+bad))
+	if want := "listen.grpc: is set by the environment (HOST, PORT, GRPC_HOST, GRPC_PORT, GRPC_UDS, GRPC_SERVER_*)"; code != 1 || !strings.Contains(stderr, want) {
+		t.Fatalf("exit %d, stderr:\n%s\nwant exit 1 and %q", code, stderr, want)
 	}
 }

@@ -66,10 +66,21 @@ func TestImageShipsRatelimit(t *testing.T) {
 	if err := os.WriteFile(bin, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// The certificates are mounted at /certs in the pod; here, files of
+	// the test's own in their place (validate reads them).
+	certs := t.TempDir()
+	for _, f := range []string{"tls.crt", "tls.key", "ca.crt"} {
+		if err := os.WriteFile(filepath.Join(certs, f), []byte("placeholder"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env = append(env, envoyGatewayEnv...)
+	env = append(env, "GRPC_SERVER_TLS_CERT="+filepath.Join(certs, "tls.crt"), "GRPC_SERVER_TLS_KEY="+filepath.Join(certs, "tls.key"),
+		"GRPC_SERVER_TLS_CA_CERT="+filepath.Join(certs, "ca.crt"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "validate")
-	cmd.Env, cmd.Dir = append(env, envoyGatewayEnv...), t.TempDir()
+	cmd.Env, cmd.Dir = env, t.TempDir()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("ratelimit validate under Envoy Gateway's environment: %v\n%s", err, out)
