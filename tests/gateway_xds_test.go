@@ -349,3 +349,20 @@ func TestRatelimitOverlayHybrid(t *testing.T) {
 		t.Fatalf("exit %d, stderr:\n%s\nwant exit 1 and %q", code, stderr, want)
 	}
 }
+
+// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: started before any
+// configuration (FORCE_START_WITHOUT_INITIAL_CONFIG), /healthcheck fails
+// until the first one with a domain arrives, then answers OK.
+func TestRatelimitHealthyWithConfig(t *testing.T) {
+	certs := testcerts.Write(t, "xds")
+	x := newXDSServer(t, certs, "127.0.0.1:0")
+	p := startRatelimit(t, ratelimitBinary(t), nil, append(xdsEnv(certs, x.addr),
+		"FORCE_START_WITHOUT_INITIAL_CONFIG=true", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true")...)
+	if code, _ := healthcheck(t, p.Admin); code != 500 {
+		t.Fatalf("/healthcheck with no configuration = %d, want 500", code)
+	}
+	x.push("1", listenerDomain())
+	if !within(5*time.Second, func() bool { code, _ := healthcheck(t, p.Admin); return code == 200 }) {
+		t.Fatal("/healthcheck still failing 5s after a configuration with a domain was pushed")
+	}
+}
