@@ -35,6 +35,12 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 # no package manager. The :nonroot tag runs as 65532:65532.
 FROM gcr.io/distroless/static:nonroot
 COPY --from=build /out/extauthz /extauthz
+# Envoy Gateway's rate-limit Deployment runs /bin/ratelimit with no
+# arguments: under that name the binary reads envoyproxy/ratelimit's
+# environment (docs/envoy-gateway.md), so changing the image is enough.
+# A copy, not a link: distroless has no shell to make one, and COPY
+# follows links.
+COPY --from=build /out/extauthz /bin/ratelimit
 # Numeric, so Kubernetes runAsNonRoot can verify it without reading /etc/passwd.
 USER 65532:65532
 # The image serves the configuration mounted here (k8s/ mounts a ConfigMap

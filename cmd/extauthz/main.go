@@ -4,4 +4,7 @@ package main
 
 import "os"
 
-func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+func main() {
+	argv0 = os.Args[0]
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}

@@ -36,6 +36,9 @@ type serveFlags struct {
 }
 
 func runServe(e env, args []string) (int, error) {
+	if ratelimitEnv() && !(len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help")) {
+		return runRatelimit(e, args)
+	}
 	fs := newFlags("serve", e)
 	var f serveFlags
 	fs.StringVar(&f.config, "config", "", "configuration file (default: the embedded default configuration)")

@@ -12,6 +12,7 @@ import (
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/httpauth"
 	"github.com/extauthz/extauthz/internal/rlsconfig"
+	"github.com/extauthz/extauthz/internal/rlsenv"
 	"github.com/extauthz/extauthz/internal/sidecar"
 )
 
@@ -30,8 +31,11 @@ func runValidate(e env, args []string) (int, error) {
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
+	if *path == "" && ratelimitEnv() {
+		return validateRatelimit(e)
+	}
 	if *path == "" {
-		return 2, fmt.Errorf("%w: -config is required", errUsage)
+		return 2, fmt.Errorf("%w: -config is required (or, to check envoyproxy/ratelimit's environment, run as %s or with %s set)", errUsage, rlsenv.Binary, rlsenv.ConfigTypeVar)
 	}
 	cfg, err := config.Load(*path)
 	var rc *rlsconfig.Config
@@ -126,6 +130,9 @@ func rlsFlags(d *rlsconfig.Descriptor, l *rlsconfig.RateLimit) string {
 	}
 	if d.Shadow {
 		f = append(f, "shadow")
+	}
+	if d.Quota {
+		f = append(f, "quota")
 	}
 	if d.ShareThreshold {
 		f = append(f, "shared")

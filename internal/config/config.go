@@ -134,6 +134,10 @@ type ServerTLS struct {
 	CertFile     string
 	KeyFile      string
 	ClientCAFile string // "": clients are not asked for a certificate
+	// ClientSAN, when set, is a name (DNS, URI or email SAN) a client
+	// certificate must carry. No YAML key: envoyproxy/ratelimit's
+	// GRPC_CLIENT_TLS_SAN sets it (internal/rlsenv).
+	ClientSAN string
 }
 
 // ClientTLS configures TLS to Redis.
@@ -201,6 +205,24 @@ type RLS struct {
 	// Envoy's ratelimit filter lets through (failure_mode_deny is off by
 	// default) without counting it anywhere.
 	OnUndecodable string
+	// ShadowMode and QuotaMode are envoyproxy/ratelimit's SHADOW_MODE and
+	// QUOTA_MODE for every descriptor: every limit decides and counts,
+	// and the overall code is always OK; in quota mode the limits over
+	// are listed in the dynamic metadata (DynamicMetadata) and their
+	// statuses are OK.
+	ShadowMode, QuotaMode bool
+	// DynamicMetadata puts envoyproxy/ratelimit's dynamic metadata in
+	// every answer (RESPONSE_DYNAMIC_METADATA): the domain, the
+	// descriptors, and the quota-mode violations.
+	DynamicMetadata bool
+	// LimitHeaders, when set, adds envoyproxy/ratelimit's three headers
+	// (LIMIT_RESPONSE_HEADERS_ENABLED) to every answer with a limit.
+	LimitHeaders *LimitHeaders
+}
+
+// LimitHeaders names envoyproxy/ratelimit's response headers.
+type LimitHeaders struct {
+	Limit, Remaining, Reset string // by default RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset
 }
 
 // The answers rls.on_undecodable takes.

@@ -101,9 +101,19 @@ type rawLocal struct {
 }
 
 type rawRLS struct {
-	Domains         []string `yaml:"domains"`
-	ResponseHeaders *bool    `yaml:"response_headers"`
-	OnUndecodable   string   `yaml:"on_undecodable"`
+	Domains         []string         `yaml:"domains"`
+	ResponseHeaders *bool            `yaml:"response_headers"`
+	OnUndecodable   string           `yaml:"on_undecodable"`
+	ShadowMode      bool             `yaml:"shadow_mode"`
+	QuotaMode       bool             `yaml:"quota_mode"`
+	DynamicMetadata bool             `yaml:"dynamic_metadata"`
+	LimitHeaders    *rawLimitHeaders `yaml:"limit_headers"`
+}
+
+type rawLimitHeaders struct {
+	Limit     string `yaml:"limit"`
+	Remaining string `yaml:"remaining"`
+	Reset     string `yaml:"reset"`
 }
 
 type rawHeaders struct {

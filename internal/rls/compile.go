@@ -91,6 +91,17 @@ type limit struct {
 	// keyed: the rate limit counts in a policy's bucket (rate_limit.policy),
 	// its key the policy's with the request's entries as the key parts.
 	keyed bool
+	// How a denial of this limit is answered, as envoyproxy/ratelimit
+	// answers it. Each of these compiles the policy in shadow (decide
+	// and count, never deny the request): quota, the descriptor's
+	// quota_mode or the global rls.quota_mode, whose status is OK and
+	// which the dynamic metadata lists among the violations; ownShadow,
+	// the descriptor's shadow_mode, whose status is OK; and the global
+	// rls.shadow_mode, whose status stays OVER_LIMIT under an overall OK.
+	quota, ownShadow bool
+	// quotaMode is the descriptor's own quota_mode (not the global
+	// one): the dynamic metadata's quotaModeEnabled.
+	quotaMode bool
 }
 
 // limitSuffix is what a limit of a descriptor with several adds, by its
@@ -210,6 +221,8 @@ func (c *compiled) rule(d *rlsconfig.Descriptor, stat string, dom *rlsconfig.Dom
 	for i, l := range d.Limits {
 		lim := &r.limits[i]
 		lim.name, lim.replaces = l.Name, l.Replaces
+		lim.ownShadow, lim.quotaMode = d.Shadow, d.Quota
+		lim.quota = !d.Shadow && (d.Quota || c.cfg.RLS.QuotaMode)
 		if l.Unlimited {
 			continue // alone in its descriptor (rlsconfig)
 		}
@@ -239,7 +252,7 @@ func (c *compiled) rule(d *rlsconfig.Descriptor, stat string, dom *rlsconfig.Dom
 			BlockFor:     l.BlockFor,
 			Charge:       l.Charge,
 
-			Shadow:   d.Shadow,
+			Shadow:   c.softly(d),
 			Queue:    l.Queue,
 			MaxDelay: l.MaxDelay,
 		})
@@ -267,7 +280,7 @@ func (c *compiled) sharedLimit(lim *limit, l *rlsconfig.RateLimit, d *rlsconfig.
 		return fmt.Errorf("%s: %s.policy: %q is not a policy of the main configuration", dom.File, path, l.Policy)
 	}
 	shared := *pc
-	shared.Shadow = pc.Shadow || d.Shadow
+	shared.Shadow = pc.Shadow || c.softly(d)
 	p, err := engine.NewPolicy(shared, c.limiters, c.metrics)
 	if err != nil {
 		return fmt.Errorf("%s: %s: %w", dom.File, path, err)
@@ -276,6 +289,12 @@ func (c *compiled) sharedLimit(lim *limit, l *rlsconfig.RateLimit, d *rlsconfig.
 	lim.current = &rlsv3.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: perUnit, Unit: unit}
 	lim.policy, lim.keyed = p.CountedAs(stat+lim.suffix.name, c.metrics), true
 	return nil
+}
+
+// softly reports whether d's limits decide and count without denying a
+// request: shadow_mode or quota_mode, its own or the configuration's.
+func (c *compiled) softly(d *rlsconfig.Descriptor) bool {
+	return d.Shadow || d.Quota || c.cfg.RLS.ShadowMode || c.cfg.RLS.QuotaMode
 }
 
 // statusUnit describes a policy's limit in the protocol's terms, which

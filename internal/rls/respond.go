@@ -2,13 +2,18 @@ package rls
 
 import (
 	"math"
+	"strconv"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
+	"github.com/extauthz/extauthz/internal/rlsconfig"
 )
 
 // What Envoy gets back: the overall code, one status per descriptor, and,
@@ -34,7 +39,8 @@ type respParts struct {
 	h     [2]corev3.HeaderValue
 }
 
-func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse {
+func (c *compiled) respond(req *rlsv3.RateLimitRequest, a *answer, o engine.Outcome, now time.Time) *rlsv3.RateLimitResponse {
+	var violations []int // descriptors over a quota-mode limit
 	n := len(a.slots)
 	p := &respParts{}
 	resp := &p.resp
@@ -63,8 +69,12 @@ func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse
 		default:
 			j := a.reported(sl, o)
 			t := &a.takes[j]
-			if !t.OK && !t.Policy.Shadow {
-				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			if !t.OK {
+				st.Code = c.overCode(a.limits[j], t)
+				if st.Code == quotaViolation {
+					st.Code = rlsv3.RateLimitResponse_OK
+					violations = append(violations, i)
+				}
 			}
 			if t.OK {
 				st.LimitRemaining = uint32(min(max(remaining(t, o), 0), math.MaxUint32))
@@ -81,7 +91,121 @@ func (c *compiled) respond(a *answer, o engine.Outcome) *rlsv3.RateLimitResponse
 	if c.cfg.RLS.ResponseHeaders {
 		c.headers(p, a, o)
 	}
+	if h := c.cfg.RLS.LimitHeaders; h != nil {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, limitHeaders(h, resp.Statuses, now)...)
+	}
+	if c.cfg.RLS.DynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, violations, a)
+	}
 	return resp
+}
+
+// quotaViolation is overCode's answer for a quota-mode limit over: the
+// status is OK and the descriptor is listed among the violations.
+const quotaViolation = rlsv3.RateLimitResponse_Code(-1)
+
+// overCode is the status of a descriptor whose reported take t, of
+// limit l (nil: a limit Envoy sent), was over, as envoyproxy/ratelimit
+// states it: a quota-mode limit is a violation; a shadow_mode descriptor
+// is OK; under the global shadow mode the status stays OVER_LIMIT (only
+// the overall code is OK); a shared policy in shadow is OK.
+func (c *compiled) overCode(l *limit, t *engine.Taken) rlsv3.RateLimitResponse_Code {
+	switch {
+	case l != nil && l.quota, l == nil && c.cfg.RLS.QuotaMode:
+		return quotaViolation
+	case l != nil && l.ownShadow:
+		return rlsv3.RateLimitResponse_OK
+	case c.cfg.RLS.ShadowMode:
+		return rlsv3.RateLimitResponse_OVER_LIMIT
+	case t.Policy.Shadow:
+		return rlsv3.RateLimitResponse_OK
+	}
+	return rlsv3.RateLimitResponse_OVER_LIMIT
+}
+
+// limitHeaders are envoyproxy/ratelimit's three headers for the status
+// it picks: the last over the limit, else the first with the fewest
+// remaining of those with a limit; none when no status has a limit. The
+// reset is the status's time until reset in whole seconds, rounded up
+// (the rest of the unit for a status without one, as the anchor counts).
+func limitHeaders(h *config.LimitHeaders, sts []*rlsv3.RateLimitResponse_DescriptorStatus, now time.Time) []*corev3.HeaderValue {
+	var pick *rlsv3.RateLimitResponse_DescriptorStatus
+	least := uint32(math.MaxUint32)
+	for _, st := range sts {
+		if st.GetCurrentLimit() != nil && st.GetLimitRemaining() < least {
+			pick, least = st, st.GetLimitRemaining()
+		}
+		if st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+			pick, least = st, 0
+		}
+	}
+	if pick == nil || pick.GetCurrentLimit() == nil {
+		return nil
+	}
+	var reset int64
+	if d := pick.GetDurationUntilReset(); d != nil {
+		reset = int64((d.AsDuration() + time.Second - 1) / time.Second)
+	} else {
+		unit := int64(unitLength[pick.GetCurrentLimit().GetUnit()] / time.Second)
+		reset = unit - now.Unix()%unit
+	}
+	return []*corev3.HeaderValue{
+		{Key: h.Limit, Value: strconv.FormatUint(uint64(pick.GetCurrentLimit().GetRequestsPerUnit()), 10)},
+		{Key: h.Remaining, Value: strconv.FormatUint(uint64(pick.GetLimitRemaining()), 10)},
+		{Key: h.Reset, Value: strconv.FormatInt(reset, 10)},
+	}
+}
+
+// unitLength is each protocol unit's length.
+var unitLength = map[rlsv3.RateLimitResponse_RateLimit_Unit]time.Duration{}
+
+func init() {
+	for name, u := range units {
+		unitLength[u] = rlsconfig.Units[name]
+	}
+	unitLength[rlsv3.RateLimitResponse_RateLimit_UNKNOWN] = time.Second
+}
+
+// dynamicMetadata is envoyproxy/ratelimit's dynamic metadata of an
+// answer (RESPONSE_DYNAMIC_METADATA), field for field: the domain, each
+// descriptor's entries (key=value), its limit and hits_addend when Envoy
+// sent them, the request's hits_addend when set, the descriptors over a
+// quota-mode limit (quotaModeViolations, by index) and whether any rate
+// limit the request matched has quota_mode (quotaModeEnabled).
+func dynamicMetadata(req *rlsv3.RateLimitRequest, violations []int, a *answer) *structpb.Struct {
+	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(req.GetDomain())}
+	ds := make([]*structpb.Value, 0, len(req.GetDescriptors()))
+	for _, d := range req.GetDescriptors() {
+		entries := make([]*structpb.Value, 0, len(d.GetEntries()))
+		for _, e := range d.GetEntries() {
+			entries = append(entries, structpb.NewStringValue(e.GetKey()+"="+e.GetValue()))
+		}
+		df := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if l := d.GetLimit(); l != nil {
+			df["limit"] = structpb.NewStringValue(prototext.Format(l))
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			df["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
+		}
+		ds = append(ds, structpb.NewStructValue(&structpb.Struct{Fields: df}))
+	}
+	fields["descriptors"] = structpb.NewListValue(&structpb.ListValue{Values: ds})
+	if h := req.GetHitsAddend(); h != 0 {
+		fields["hitsAddend"] = structpb.NewNumberValue(float64(h))
+	}
+	if len(violations) > 0 {
+		vs := make([]*structpb.Value, len(violations))
+		for i, v := range violations {
+			vs[i] = structpb.NewNumberValue(float64(v))
+		}
+		fields["quotaModeViolations"] = structpb.NewListValue(&structpb.ListValue{Values: vs})
+	}
+	enabled := false
+	for _, l := range a.limits {
+		enabled = enabled || (l != nil && l.quotaMode)
+	}
+	fields["quotaModeEnabled"] = structpb.NewBoolValue(enabled)
+	return &structpb.Struct{Fields: fields}
 }
 
 // current is the limit take j counts for, as a status states it.

@@ -314,7 +314,7 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 	case err != nil:
 		return nil, outcome, grpcstatus.Errorf(codes.Internal, "rls: %v", err)
 	}
-	return c.respond(a, outcome), outcome, nil
+	return c.respond(req, a, outcome, now), outcome, nil
 }
 
 // hits is the units a descriptor spends: its own hits_addend when Envoy
@@ -379,7 +379,8 @@ func (c *compiled) overridePolicy(domain string, entries []*ratelimitv3.RateLimi
 	}
 	return c.overrides.get(name, fallback, func(key string) (*engine.Policy, error) {
 		return c.policy(config.Policy{Name: strings.TrimSuffix(key, blockedSuffix), Limit: n, Window: window,
-			Algorithm: config.FixedWindow, Mode: c.cfg.DefaultMode, OnRedisError: config.OnErrorFallback})
+			Algorithm: config.FixedWindow, Mode: c.cfg.DefaultMode, OnRedisError: config.OnErrorFallback,
+			Shadow: c.cfg.RLS.ShadowMode || c.cfg.RLS.QuotaMode})
 	}, c.log)
 }
 

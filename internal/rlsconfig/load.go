@@ -134,3 +134,38 @@ func hashFile(h hash.Hash, name string, data []byte) {
 	h.Write(n[:])
 	h.Write(data)
 }
+
+// Source is one configuration held in memory (a resource sent over xDS):
+// Name prefixes its errors, Data is its YAML.
+type Source struct {
+	Name string
+	Data []byte
+}
+
+// LoadSources checks configurations held in memory as Load checks files:
+// one domain each, no domain twice, every problem reported with its
+// source's name and field path.
+func LoadSources(srcs []Source, o Options) (*Config, error) {
+	c := &Config{Domains: map[string]*Domain{}}
+	h := sha256.New()
+	var errs []error
+	for _, s := range srcs {
+		hashFile(h, s.Name, s.Data)
+		d, warnings, err := parse(s.Data, s.Name, o)
+		c.Warnings = append(c.Warnings, warnings...)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if prev, dup := c.Domains[d.Name]; dup {
+			errs = append(errs, fmt.Errorf("%s: domain: %q is already defined in %s", s.Name, d.Name, prev.File))
+			continue
+		}
+		c.Domains[d.Name] = d
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	copy(c.Digest[:], h.Sum(nil))
+	return c, nil
+}

@@ -16,6 +16,9 @@ import (
 // knows each field's path, reports bad values.
 
 type rawFile struct {
+	// Name is the configuration's name, as Envoy Gateway writes it (the
+	// xDS resource's); envoyproxy/ratelimit accepts and ignores it.
+	Name        string          `yaml:"name"`
 	Domain      string          `yaml:"domain"`
 	Descriptors []rawDescriptor `yaml:"descriptors"`
 }
@@ -27,6 +30,7 @@ type rawDescriptor struct {
 	RateLimits     []rawRateLimit  `yaml:"rate_limits"` // several limits, all of which must allow
 	Descriptors    []rawDescriptor `yaml:"descriptors"`
 	ShadowMode     bool            `yaml:"shadow_mode"`
+	QuotaMode      bool            `yaml:"quota_mode"`
 	DetailedMetric bool            `yaml:"detailed_metric"`
 	ValueToMetric  bool            `yaml:"value_to_metric"`
 	ShareThreshold bool            `yaml:"share_threshold"`
@@ -133,6 +137,7 @@ func (v *validator) descriptors(raws []rawDescriptor, parent string, depth int) 
 			Value:          r.Value,
 			Path:           path,
 			Shadow:         r.ShadowMode,
+			Quota:          r.QuotaMode,
 			DetailedMetric: r.DetailedMetric,
 			ValueToMetric:  r.ValueToMetric,
 			ShareThreshold: r.ShareThreshold,
@@ -159,6 +164,9 @@ func (v *validator) descriptors(raws []rawDescriptor, parent string, depth int) 
 		}
 		if r.ShadowMode && d.Limit == nil {
 			v.warn(path+".shadow_mode", "has no effect without a rate_limit at this level")
+		}
+		if r.QuotaMode && d.Limit == nil {
+			v.warn(path+".quota_mode", "has no effect without a rate_limit at this level")
 		}
 		d.Descriptors = v.descriptors(r.Descriptors, path+".", depth+1)
 		out = append(out, d)

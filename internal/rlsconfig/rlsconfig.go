@@ -3,7 +3,8 @@
 // already write: one domain per file, nested descriptors of key and
 // optional value (a value with '*' is a wildcard), each optionally with a
 // rate_limit {unit, requests_per_unit, unlimited, name, replaces} and the
-// flags shadow_mode, detailed_metric, value_to_metric and share_threshold.
+// flags shadow_mode, quota_mode, detailed_metric, value_to_metric and
+// share_threshold.
 // Each rate_limit may add extauthz's own settings: algorithm (default
 // fixed_window, the windows aligned to the unit that envoyproxy/ratelimit
 // counts in), mode, on_redis_error, burst, and for leaky_bucket queue and
@@ -88,6 +89,10 @@ type Descriptor struct {
 	// the same window. Empty: no rate limit at this level.
 	Limits []*RateLimit
 	Shadow bool // shadow_mode: decide and count, never deny
+	// Quota is quota_mode, a soft limit: decide and count, never deny
+	// the request, but list the descriptor among the answer's quota-mode
+	// violations (its dynamic metadata) when it is over.
+	Quota bool
 	// DetailedMetric names the decisions' metrics by the request's
 	// values, ValueToMetric by the value of this entry, ShareThreshold
 	// counts every value matching a wildcard in one bucket.

@@ -22,6 +22,7 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -57,6 +58,29 @@ type Options struct {
 	Pprof      bool          // net/http/pprof on the admin listener
 	// DecisionLogEvery logs one decision in this many at debug level (0: none).
 	DecisionLogEvery int
+	// GRPCOptions are added to the gRPC server's (envoyproxy/ratelimit's
+	// GRPC_MAX_CONNECTION_AGE, for one).
+	GRPCOptions []grpc.ServerOption
+	// RLS is where the rate limit service's descriptors come from at a
+	// reload of the main configuration; nil: the files its rls.domains
+	// names (LoadRLS). Over xDS it is the last configuration the server
+	// sent, checked again under the new main configuration.
+	RLS func(cfg *config.Config) (*rlsconfig.Config, error)
+	// HealthyWithConfig reports NOT_SERVING (and /healthcheck fails)
+	// until descriptors of at least one domain are loaded, as
+	// envoyproxy/ratelimit's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED.
+	HealthyWithConfig bool
+	// Prometheus, when set, serves metrics on a listener of its own
+	// (envoyproxy/ratelimit's USE_PROMETHEUS, PROMETHEUS_ADDR).
+	Prometheus *PrometheusListener
+}
+
+// PrometheusListener is a metrics listener apart from the admin one.
+type PrometheusListener struct {
+	Addr, Path string
+	// Gatherer builds what it serves from the process's registry (nil:
+	// the registry itself).
+	Gatherer func(reg *prometheus.Registry) prometheus.Gatherer
 }
 
 // adminIdleTimeout closes an admin connection idle this long.
@@ -75,6 +99,7 @@ type Sidecar struct {
 	http    *http.Server // the HTTP door; nil without listen.http
 	health  *health.Server
 	admin   *http.Server
+	prom    *http.Server // the Prometheus listener; nil without Options.Prometheus
 	ready   atomic.Bool
 	tracer  *tracing.Tracer // nil unless OTEL_* turns tracing on
 	// closeStores releases what talks to Redis (nothing without a redis
@@ -85,6 +110,13 @@ type Sidecar struct {
 	// conns counts the gRPC and HTTP listeners' connections against
 	// listen.max_connections.
 	conns *connlimit.Metrics
+	// swapMu makes reloads of the main configuration and updates of the
+	// descriptors (over xDS) one at a time: each compiles against the
+	// other's running half.
+	swapMu sync.Mutex
+	// started: Start reported SERVING; health follows it and the
+	// descriptors (HealthyWithConfig).
+	started atomic.Bool
 
 	// Set by Start.
 	errc       chan error  // a server that stopped on its own
@@ -186,7 +218,7 @@ func New(cfg *config.Config, rc *rlsconfig.Config, o Options, log *slog.Logger) 
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
 	}
-	s.grpc = grpc.NewServer(opts...)
+	s.grpc = grpc.NewServer(append(opts, o.GRPCOptions...)...)
 	authv3.RegisterAuthorizationServer(s.grpc, srv)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.rls)
 	rlqsv3.RegisterRateLimitQuotaServiceServer(s.grpc, s.rlqs)
@@ -284,7 +316,28 @@ func (s *Sidecar) Start() error {
 		}
 	}
 
-	s.errc = make(chan error, 3)
+	var plis net.Listener
+	if p := s.opts.Prometheus; p != nil {
+		plis, err = listen(p.Addr)
+		if err != nil {
+			for _, l := range []net.Listener{glis, hlis, alis} {
+				if l != nil {
+					l.Close()
+				}
+			}
+			return fmt.Errorf("prometheus listener: %w", err)
+		}
+		var g prometheus.Gatherer = s.reg
+		if p.Gatherer != nil {
+			g = p.Gatherer(s.reg)
+		}
+		mux := http.NewServeMux()
+		mux.Handle(p.Path, promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+		s.prom = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: adminIdleTimeout,
+			ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	}
+
+	s.errc = make(chan error, 4)
 	go func() { s.errc <- s.grpc.Serve(glis) }()
 	serveHTTP := func(srv *http.Server, lis net.Listener) {
 		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
@@ -297,11 +350,11 @@ func (s *Sidecar) Start() error {
 	if s.admin != nil {
 		go serveHTTP(s.admin, alis)
 	}
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.health.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	s.health.SetServingStatus(rlqsv3.RateLimitQuotaService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	s.ready.Store(true)
+	if s.prom != nil {
+		go serveHTTP(s.prom, plis)
+	}
+	s.started.Store(true)
+	s.updateHealth()
 	adminAddr, httpAddr := "", ""
 	if alis != nil {
 		adminAddr = alis.Addr().String()
@@ -310,6 +363,10 @@ func (s *Sidecar) Start() error {
 		httpAddr = hlis.Addr().String()
 	}
 	s.addrs = addrs{grpc: glis.Addr().String(), http: httpAddr, admin: adminAddr}
+	promAddr := ""
+	if plis != nil {
+		promAddr = plis.Addr().String()
+	}
 	// Reloads run one at a time on a goroutine of their own, never on the
 	// signal loop: reading and checking a file can take long (a slow
 	// volume, a hostile file, a FIFO nobody writes), and SIGTERM must
@@ -338,10 +395,54 @@ func (s *Sidecar) Start() error {
 			redisAddrs = "sentinel:" + sc.MasterName + "@" + strings.Join(sc.Addrs, ",")
 		}
 	}
-	s.log.Info("serving", "grpc", glis.Addr().String(), "http", httpAddr, "admin", adminAddr,
+	s.log.Info("serving", "grpc", glis.Addr().String(), "http", httpAddr, "admin", adminAddr, "prometheus", promAddr,
 		"config", cfg.Source, "policies", len(cfg.Policies), "default_mode", string(cfg.DefaultMode),
 		"redis", redisAddrs, "client_keys", len(cfg.Clients.Keys), "max_keys", cfg.Local.MaxKeys,
 		"rls_domains", rlsDomains(s.rls.Config()), "version", s.opts.Version)
+	return nil
+}
+
+// updateHealth reports SERVING once started, unless descriptors must be
+// loaded first (HealthyWithConfig) and are not.
+func (s *Sidecar) updateHealth() {
+	if !s.started.Load() {
+		return
+	}
+	st := healthpb.HealthCheckResponse_SERVING
+	if s.opts.HealthyWithConfig && rlsDomains(s.rls.Config()) == 0 {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(authv3.Authorization_ServiceDesc.ServiceName, st)
+	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, st)
+	s.health.SetServingStatus(rlqsv3.RateLimitQuotaService_ServiceDesc.ServiceName, st)
+	s.ready.Store(st == healthpb.HealthCheckResponse_SERVING)
+}
+
+// UpdateRLS makes the rate limit service's descriptors what load returns
+// under the running main configuration (an update over xDS): checked and
+// compiled, then swapped in at once, as a reload swaps them. On error the
+// running descriptors stay; the error is counted as a failed reload and
+// returned (for the NACK).
+func (s *Sidecar) UpdateRLS(why string, load func(cfg *config.Config) (*rlsconfig.Config, error)) error {
+	s.swapMu.Lock()
+	defer s.swapMu.Unlock()
+	cfg := s.running.Config()
+	rc, err := load(cfg)
+	if err == nil {
+		err = s.rls.Update(cfg, rc)
+	}
+	if err != nil {
+		s.reloads.WithLabelValues("failure").Inc()
+		s.log.Error("descriptor update refused; keeping the running descriptors", "trigger", why, "error", err.Error())
+		return err
+	}
+	s.reloads.WithLabelValues("success").Inc()
+	for _, w := range RLSWarnings(rc) {
+		s.log.Warn("config warning", "source", why, "warning", w)
+	}
+	s.log.Info("descriptors updated", "trigger", why, "rls_domains", rlsDomains(rc))
+	s.updateHealth()
 	return nil
 }
 
@@ -366,12 +467,18 @@ func (s *Sidecar) Reload(why string) error {
 		s.log.Warn("reload ignored: serving the embedded default configuration, not a file")
 		return nil
 	}
+	s.swapMu.Lock()
+	defer s.swapMu.Unlock()
 	s.log.Info("reloading configuration", "trigger", why, "config", src)
 	running := s.running.Config()
 	cfg, err := s.opts.Load(src)
 	var rc *rlsconfig.Config
 	if err == nil {
-		rc, err = LoadRLS(cfg)
+		load := LoadRLS
+		if s.opts.RLS != nil {
+			load = s.opts.RLS
+		}
+		rc, err = load(cfg)
 	}
 	if err == nil {
 		err = swap(
@@ -394,6 +501,7 @@ func (s *Sidecar) Reload(why string) error {
 	}
 	s.reloads.WithLabelValues("success").Inc()
 	s.log.Info("configuration reloaded", "trigger", why, "config", src, "policies", len(cfg.Policies), "rls_domains", rlsDomains(rc))
+	s.updateHealth()
 	return nil
 }
 
@@ -510,10 +618,12 @@ func (s *Sidecar) Shutdown(now <-chan struct{}) int {
 		s.log.Warn("tracing: exporting the last spans", "error", err.Error())
 	}
 	tcancel()
-	if s.admin != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		s.admin.Shutdown(ctx)
-		cancel()
+	for _, srv := range []*http.Server{s.admin, s.prom} {
+		if srv != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			srv.Shutdown(ctx)
+			cancel()
+		}
 	}
 	s.log.Info("stopped")
 	return 0
@@ -557,6 +667,15 @@ func (s *Sidecar) adminMux() *http.ServeMux {
 	s.counters.Register(mux)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
+	})
+	// envoyproxy/ratelimit's health endpoint, which Envoy Gateway's
+	// probes ask: OK while serving, 500 before and while draining.
+	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, r *http.Request) {
+		if !s.ready.Load() {
+			http.Error(w, "unhealthy", http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprint(w, "OK")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		if !s.ready.Load() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/extauthz/extauthz/internal/certfile"
 	"github.com/extauthz/extauthz/internal/config"
 )
 
@@ -35,22 +36,21 @@ func ClientTLS(c *config.ClientTLS) (*tls.Config, error) {
 }
 
 // serverTLS builds the gRPC listener's TLS configuration; with a client CA
-// file, clients must present a certificate it signed (mTLS).
+// file, clients must present a certificate it signed (mTLS), carrying
+// ClientSAN when one is set. The files are read again at each handshake,
+// so a certificate rotated on disk applies without a restart.
 func serverTLS(c *config.ServerTLS) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+	keys, err := certfile.NewKeyPair(c.CertFile, c.KeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("listen.tls.cert_file/key_file: %w", err)
 	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+	var cas *certfile.Pool
 	if c.ClientCAFile != "" {
-		pool, err := loadPool(c.ClientCAFile)
-		if err != nil {
+		if cas, err = certfile.NewPool(c.ClientCAFile); err != nil {
 			return nil, fmt.Errorf("listen.tls.client_ca_file: %w", err)
 		}
-		tc.ClientCAs = pool
-		tc.ClientAuth = tls.RequireAndVerifyClientCert
 	}
-	return tc, nil
+	return certfile.Server(keys, cas, c.ClientSAN, tls.VersionTLS12), nil
 }
 
 func loadPool(file string) (*x509.CertPool, error) {

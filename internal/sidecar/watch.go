@@ -14,6 +14,7 @@ import (
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/rlsconfig"
+	"github.com/extauthz/extauthz/internal/rlsenv"
 )
 
 // sources are the files a running configuration was read from: the main
@@ -23,19 +24,26 @@ type sources struct {
 	rls  []string
 }
 
-// sourcesOf returns the sources of cfg.
+// sourcesOf returns the sources of cfg. A configuration read from
+// envoyproxy/ratelimit's environment alone has no main file to watch.
 func sourcesOf(cfg *config.Config) sources {
+	if cfg.Source == rlsenv.Source {
+		return sources{rls: cfg.RLS.Domains}
+	}
 	return sources{main: cfg.Source, rls: cfg.RLS.Domains}
 }
 
 // loadedSum is the digest of what the configuration was parsed from: the
 // main file's bytes and the domain files' (rc nil: none).
 func loadedSum(cfg *config.Config, rc *rlsconfig.Config) [32]byte {
-	var rlsSum [32]byte
+	var rlsSum, mainSum [32]byte
 	if rc != nil {
 		rlsSum = rc.Digest
 	}
-	return combine(cfg.Digest, rlsSum)
+	if sourcesOf(cfg).main != "" {
+		mainSum = cfg.Digest
+	}
+	return combine(mainSum, rlsSum)
 }
 
 func combine(main, rls [32]byte) [32]byte {
@@ -45,11 +53,12 @@ func combine(main, rls [32]byte) [32]byte {
 // sum is the digest of what the sources hold now, as loadedSum computes
 // it; ok is false while one cannot be read (mid-swap).
 func (s sources) sum() (sum [32]byte, ok bool) {
-	mainSum, ok := fileSum(s.main)
-	if !ok {
-		return sum, false
+	var mainSum, rlsSum [32]byte
+	if s.main != "" {
+		if mainSum, ok = fileSum(s.main); !ok {
+			return sum, false
+		}
 	}
-	var rlsSum [32]byte
 	if len(s.rls) > 0 {
 		if rlsSum, ok = rlsconfig.Sum(s.rls); !ok {
 			return sum, false
@@ -69,7 +78,9 @@ func (s sources) dirs() []string {
 			out = append(out, d)
 		}
 	}
-	add(filepath.Dir(s.main))
+	if s.main != "" {
+		add(filepath.Dir(s.main))
+	}
 	for _, p := range s.rls {
 		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
 			add(p)
@@ -182,8 +193,8 @@ func (w *watcher) watch(src sources, digest [32]byte) {
 		return
 	}
 	w.stopLocked()
-	if src.main == config.EmbeddedSource {
-		return
+	if src.main == config.EmbeddedSource || len(src.dirs()) == 0 {
+		return // nothing on disk to watch (the descriptors come over xDS)
 	}
 	stop, err := watchConfig(src, digest, w.log, w.changed)
 	if err != nil {
