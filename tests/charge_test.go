@@ -147,6 +147,7 @@ loop:
 // Redis count is the sum charged, to the unit, and admission stops once
 // the budget is spent, through either door.
 func TestTokenBudget(t *testing.T) {
+	parallel(t)
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := testredis.Start(t)
@@ -186,6 +187,7 @@ func budgetCount(t *testing.T, rdb *redis.Client, tenant string) int64 {
 // what was charged, exactly, and the budget stops admissions as in the
 // Redis modes.
 func TestTokenBudgetLocal(t *testing.T) {
+	parallel(t)
 	section, _ := domainDir(t, map[string]string{"llm.yaml": budgetDomain})
 	s := startSidecar(t, "default_mode: local\n"+budgetPolicy+section)
 	budgetRun(t, []*sidecar{s}, true)
@@ -194,6 +196,7 @@ func TestTokenBudgetLocal(t *testing.T) {
 // A stream-done call whose other descriptor is over the limit is denied,
 // and its charge is counted all the same: a charge is never refunded.
 func TestTokenBudgetChargeBesideADenial(t *testing.T) {
+	parallel(t)
 	section, _ := domainDir(t, map[string]string{"llm.yaml": budgetDomain + `
   - key: model
     rate_limit: {unit: minute, requests_per_unit: 0}
@@ -213,6 +216,7 @@ func TestTokenBudgetChargeBesideADenial(t *testing.T) {
 // extauthz validate prints the policy's charge and the descriptor that
 // counts in its bucket.
 func TestTokenBudgetValidateSummary(t *testing.T) {
+	parallel(t)
 	section, _ := domainDir(t, map[string]string{"llm.yaml": budgetDomain})
 	path := writeConfig(t, "default_mode: local\n"+budgetPolicy+section)
 	out, err := exec.Command(binary, "validate", "-config", path).CombinedOutput()

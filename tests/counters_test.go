@@ -59,6 +59,7 @@ func countersCLI(t *testing.T, s *sidecar, out any, args ...string) {
 // denial they cached (which would hold for up to 6s); in local mode each
 // replica's own count is reset too.
 func TestCountersAPIResetReachesEveryReplica(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	cfg := writeConfig(t, defaultsConfig(srv.Addr, "hybrid", countersPolicies))
 	var replicas []*sidecar
@@ -162,6 +163,7 @@ func resetsBefore(mode string) float64 {
 // The counters API asks for the token before anything, and is off
 // without one.
 func TestCountersAPIAuthorization(t *testing.T) {
+	parallel(t)
 	withToken := startSidecarFile(t, writeConfig(t, ordersFor("limit: 5, window: 1m")), []string{counters.TokenEnv + "=" + adminToken})
 	without := startSidecar(t, ordersFor("limit: 5, window: 1m"))
 	ctx := context.Background()

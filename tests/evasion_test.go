@@ -29,6 +29,7 @@ import (
 // A value over 128 bytes is keyed by a digest that no value sent verbatim
 // can spell: the digest's text as a header value is a bucket of its own.
 func TestLongValueDigestCannotBeSentVerbatim(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 policies:
   - {name: tenant, key: ["header:x-tenant"], limit: 1, window: 1h}
@@ -57,6 +58,7 @@ policies:
 // comes both from the attributes' host field and, when that is empty, from
 // :authority.
 func TestHostSpellingsShareThePolicy(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 policies:
   - {name: api, match: {hosts: [api.example.com]}, limit: 1, window: 1h}
@@ -90,6 +92,7 @@ policies:
 // sidecar saw one or not (Envoy forwards headers ext_authz never sees when
 // allowed_headers narrows what it sends).
 func TestClientIDAlwaysRemovedWithoutAVerifiedClient(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, ordersFor("limit: 100, window: 1m"))
 	removed := func(r *authv3.CheckResponse) []string { return r.GetOkResponse().GetHeadersToRemove() }
 	for _, req := range []envoyRequest{
@@ -116,6 +119,7 @@ func TestClientIDAlwaysRemovedWithoutAVerifiedClient(t *testing.T) {
 // fall back. The heartbeat lives outside the policies' key space
 // (rl:_peers): both work, and Redis serves every decision.
 func TestPolicyNamedPeersBreaksNothing(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	rdb := srv.Client()
 	replicas := startReplicas(t, 2, defaultsConfig(srv.Addr, "redis", `
@@ -157,6 +161,7 @@ policies:
 // callers keep one each. ipv4_prefix and ipv6_prefix change the lengths,
 // for the peer address and for x-forwarded-for alike.
 func TestIPv6CallersOfOneNetworkShareABucket(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 policies:
   - {name: per-ip, key: [ip], limit: 1, window: 1h}
@@ -206,6 +211,7 @@ policies:
 // 1 saying it stopped, where an unbounded decoder formats millions of
 // errors (18 s on this machine).
 func TestValidateRefusesAnAliasBomb(t *testing.T) {
+	parallel(t)
 	const n = 2400
 	var b strings.Builder
 	b.WriteString("policies:\n  - &p {")
@@ -236,6 +242,7 @@ func TestValidateRefusesAnAliasBomb(t *testing.T) {
 // blocks reading it until the process ends; the file watch ignores what
 // is not a regular file.
 func TestSIGTERMDuringAStuckReloadDrainsPromptly(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, ordersFor("limit: 100, window: 1m"))
 	fifo := filepath.Join(filepath.Dir(s.config), "next.yaml")
 	must(t, syscall.Mkfifo(fifo, 0o600))
@@ -289,6 +296,7 @@ func TestSIGTERMDuringAStuckReloadDrainsPromptly(t *testing.T) {
 // local.max_keys is 64, not the default 100,000, so that a scan of 70
 // requests overflows the table.
 func TestScanOfOneOffKeysEvictsNoBudget(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 local: {max_keys: 64}
 clients:
@@ -337,6 +345,7 @@ policies:
 // denies create no entries in per-path, the policy after it, however many
 // distinct paths they name.
 func TestDeniedRequestCreatesNoStateAfterTheDenial(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 clients:
   keys: [{id: ada, key: key-ada}]
@@ -368,6 +377,7 @@ policies:
 // (else a 200 among 429s would mark a right guess). Other addresses, and
 // requests without a key, are not affected; a known key spends nothing.
 func TestAuthFailuresAreLimitedPerAddress(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 clients:
   keys: [{id: ada, key: key-ada}]
@@ -426,6 +436,7 @@ policies:
 // policy over local.max_log_bytes (256 MiB by default) is refused with
 // the arithmetic and the ways out.
 func TestSlidingLogMemoryIsBoundedInBytes(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	validate := func(cfg string) (string, int) {
 		path := filepath.Join(dir, "sl.yaml")
@@ -462,6 +473,7 @@ func TestSlidingLogMemoryIsBoundedInBytes(t *testing.T) {
 // 127.0.0.1:9001; when that port is taken it exits after saying so, which
 // is all this test reads.
 func TestDemoConfigurationSaysSo(t *testing.T) {
+	parallel(t)
 	cmd := exec.Command(binary, "serve", "-log-format", "json")
 	cmd.Env = append(os.Environ(), "EXTAUTHZ_CONFIG=")
 	stderr, err := cmd.StderrPipe()

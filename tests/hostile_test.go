@@ -30,6 +30,14 @@ import (
 // weakens the claim, not the assertions.
 const volumeRequests = 1_000_000
 
+// volumeGiveUp is how long a volume run may take before loadgen gives up
+// (its -max; its default is 2 minutes): a guard against a run that hangs,
+// not a claim. These tests run in the parallel group, sharing two cores
+// with other tests; a million Checks take about a minute alone on a quiet
+// machine, and did not finish within 2 minutes alone on a machine loaded
+// by other work.
+var volumeGiveUp = []string{"-max", "5m"}
+
 // warmRequests run before the baseline is measured, so that gRPC's
 // buffers, stream workers and (for the IP test) a full cache are part of
 // it, and what is compared is growth during the volume run.
@@ -81,6 +89,7 @@ func mib(b float64) string { return fmt.Sprintf("%.1f MiB", b/(1<<20)) }
 // One million distinct unknown API keys: every one a 401, no policy runs,
 // no cache entry is created, and memory stays where it was.
 func TestMillionUnknownAPIKeysLeaveMemoryFlat(t *testing.T) {
+	parallelLong(t, "a million Checks, about a minute on two cores")
 	s := startVolumeSidecar(t, `
 local: {max_keys: 10000}
 clients:
@@ -89,10 +98,10 @@ policies:
   - {name: per-client, key: [client], limit: 100, window: 1m}
   - {name: per-ip, key: [ip], limit: 1000000, window: 1s}
 `)
-	runLoadgen(t, []*sidecar{s}, warmRequests, 32, "-vary", "apikey")
+	runLoadgen(t, []*sidecar{s}, warmRequests, 32, append(volumeGiveUp, "-vary", "apikey")...)
 	heap0, rss0 := s.liveMemory()
 
-	res := runLoadgen(t, []*sidecar{s}, volumeRequests, 32, "-vary", "apikey")
+	res := runLoadgen(t, []*sidecar{s}, volumeRequests, 32, append(volumeGiveUp, "-vary", "apikey")...)
 	heap1, rss1 := s.liveMemory()
 	t.Logf("%d unknown keys in %v (%.0f/s, p99 %v): heap %s → %s, RSS %s → %s",
 		volumeRequests, res.Elapsed.Round(time.Millisecond), res.Throughput, res.P99, mib(heap0), mib(heap1), mib(rss0), mib(rss1))
@@ -121,13 +130,14 @@ policies:
 // One million distinct client IPs: every one allowed (its first request),
 // the cache never above max_keys, and memory flat once the cache is full.
 func TestMillionDistinctIPsKeepCacheAtItsBound(t *testing.T) {
+	parallelLong(t, "a million Checks, about a minute on two cores")
 	const maxKeys = 10_000
 	s := startVolumeSidecar(t, fmt.Sprintf(`
 local: {max_keys: %d}
 policies:
   - {name: per-ip, key: [ip], limit: 10, window: 1m}
 `, maxKeys))
-	runLoadgen(t, []*sidecar{s}, warmRequests, 32, "-vary", "ip")
+	runLoadgen(t, []*sidecar{s}, warmRequests, 32, append(volumeGiveUp, "-vary", "ip")...)
 	if n := s.metric("extauthz_cache_entries"); n != maxKeys {
 		t.Fatalf("after %d distinct IPs the cache holds %v entries, want it full at %d", warmRequests, n, maxKeys)
 	}
@@ -135,7 +145,7 @@ policies:
 	evictions0 := s.metric("extauthz_cache_evictions_total")
 
 	peak := sampleGauge(s.Admin, "extauthz_cache_entries")
-	res := runLoadgen(t, []*sidecar{s}, volumeRequests, 32, "-vary", "ip")
+	res := runLoadgen(t, []*sidecar{s}, volumeRequests, 32, append(volumeGiveUp, "-vary", "ip")...)
 	maxSeen := peak()
 	heap1, rss1 := s.liveMemory()
 	t.Logf("%d distinct IPs in %v (%.0f/s, p99 %v): cache peak %v; heap %s → %s, RSS %s → %s",
@@ -213,6 +223,7 @@ func problemBody(t *testing.T, resp *authv3.CheckResponse) map[string]any {
 // bearer), as a header:NAME key component, as raw bytes in header_map, and
 // a 64 KiB header name: each gets its ordinary answer.
 func Test64KiBHeaders(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 clients:
   keys: [{id: ada, key: key-ada}]
@@ -264,6 +275,7 @@ policies:
 // whatever the policy's key is made of, and a clear 401 from a policy that
 // rejects requests without a client.
 func TestRequestWithNoAttributes(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 clients: {keys: [{id: ada, key: key-ada}]}
 policies:
@@ -299,6 +311,7 @@ policies:
 // 4 MiB gRPC receive limit is refused by gRPC with RESOURCE_EXHAUSTED,
 // while one just under it is decided (its 3.9 MiB API key refused unhashed).
 func TestRequestCaps(t *testing.T) {
+	parallel(t)
 	var cfg strings.Builder
 	cfg.WriteString("clients: {keys: [{id: ada, key: key-ada}]}\npolicies:\n")
 	for i := 0; i < 33; i++ {

@@ -35,6 +35,7 @@ func userRequest(user, cost string) *authv3.CheckRequest {
 // lease call, so no units stay stranded on slices too small for any
 // request.
 func TestHybridCostsAboveOneNearTheLimit(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", `
 policies:
@@ -56,6 +57,7 @@ policies:
 // whole capacity again, so those tokens are spendable. The policy: a
 // bucket of 400 refilling 40 a second.
 func TestHybridReplicaKilledHoldingLeases(t *testing.T) {
+	parallelLong(t, "it waits out the killed replica's leases: a lease life at the default (60s) and a quarter")
 	srv := testredis.Start(t)
 	const capacity, rate = 400, 40.0 // tokens, tokens a second
 	cfg := defaultsConfig(srv.Addr, "hybrid", `
@@ -129,6 +131,7 @@ policies:
 // per key per replica (300 keys × 3), about 150 per 1,000 decisions,
 // where redis mode makes 1,000.
 func TestHybridManyKeysLeaseOncePerReplica(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", `
 policies:
@@ -182,6 +185,7 @@ func hasLease(fields map[string]string) bool {
 // calls per replica, 9 in 6,000 decisions (1.5 per 1,000; the target is
 // 10).
 func TestHybridBusyWindowKeyLeases(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	section, _ := domainDir(t, map[string]string{"busy.yaml": `
 domain: busy

@@ -19,6 +19,7 @@ import (
 // listen.reflection: false.
 
 func TestReflectionListsThePublicServices(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), check.RequestTimeout+30*time.Second)
 	defer cancel()
@@ -60,6 +61,7 @@ func TestReflectionListsThePublicServices(t *testing.T) {
 }
 
 func TestReflectionTurnedOff(t *testing.T) {
+	parallel(t)
 	// The knob under test: reflection off.
 	s := startSidecar(t, "listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0, reflection: false}\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
