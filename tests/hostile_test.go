@@ -32,11 +32,11 @@ const volumeRequests = 1_000_000
 
 // volumeGiveUp is how long a volume run may take before loadgen gives up
 // (its -max; its default is 2 minutes): a guard against a run that hangs,
-// not a claim. These tests run in the parallel group, sharing two cores
-// with other tests; a million Checks take about a minute alone on a quiet
-// machine, and did not finish within 2 minutes alone on a machine loaded
-// by other work.
-var volumeGiveUp = []string{"-max", "5m"}
+// not a claim. These tests run in the parallel group at the lowest CPU
+// priority (startIdleVolumeSidecar), on what the other tests leave idle;
+// a million Checks take about a minute alone on a quiet machine, and did
+// not finish within 2 minutes alone on a machine loaded by other work.
+var volumeGiveUp = []string{"-max", "8m"}
 
 // warmRequests run before the baseline is measured, so that gRPC's
 // buffers, stream workers and (for the IP test) a full cache are part of
@@ -68,6 +68,18 @@ func startVolumeSidecar(t *testing.T, cfg string) *sidecar {
 	return startProcess(t, fastBinary, path, nil, "-pprof")
 }
 
+// startIdleVolumeSidecar is startVolumeSidecar at the lowest CPU priority
+// (niceIdle), for the million-request tests: they run in the parallel
+// group, and the two cores they keep busy for a minute would otherwise be
+// taken from tests whose Redis calls must answer within the shipped 150ms
+// timeout. Their claims are about memory, which CPU priority leaves alone.
+func startIdleVolumeSidecar(t *testing.T, cfg string) *sidecar {
+	t.Helper()
+	wrapper := filepath.Join(t.TempDir(), "extauthz-idle")
+	must(t, os.WriteFile(wrapper, []byte("#!/bin/sh\nexec "+strings.Join(niceIdle, " ")+" "+fastBinary+" \"$@\"\n"), 0o755))
+	return startProcess(t, wrapper, writeConfig(t, cfg), nil, "-pprof")
+}
+
 // liveMemory forces two garbage collections (pprof's heap?gc=1) and
 // returns the heap in use and the resident set size.
 func (s *sidecar) liveMemory() (heap, rss float64) {
@@ -90,7 +102,7 @@ func mib(b float64) string { return fmt.Sprintf("%.1f MiB", b/(1<<20)) }
 // no cache entry is created, and memory stays where it was.
 func TestMillionUnknownAPIKeysLeaveMemoryFlat(t *testing.T) {
 	parallelLong(t, "a million Checks, about a minute on two cores")
-	s := startVolumeSidecar(t, `
+	s := startIdleVolumeSidecar(t, `
 local: {max_keys: 10000}
 clients:
   keys: [{id: ada, key: key-ada}]
@@ -98,10 +110,10 @@ policies:
   - {name: per-client, key: [client], limit: 100, window: 1m}
   - {name: per-ip, key: [ip], limit: 1000000, window: 1s}
 `)
-	runLoadgen(t, []*sidecar{s}, warmRequests, 32, append(volumeGiveUp, "-vary", "apikey")...)
+	runLoadgenAs(t, niceIdle, []*sidecar{s}, warmRequests, 32, append(volumeGiveUp, "-vary", "apikey")...)
 	heap0, rss0 := s.liveMemory()
 
-	res := runLoadgen(t, []*sidecar{s}, volumeRequests, 32, append(volumeGiveUp, "-vary", "apikey")...)
+	res := runLoadgenAs(t, niceIdle, []*sidecar{s}, volumeRequests, 32, append(volumeGiveUp, "-vary", "apikey")...)
 	heap1, rss1 := s.liveMemory()
 	t.Logf("%d unknown keys in %v (%.0f/s, p99 %v): heap %s → %s, RSS %s → %s",
 		volumeRequests, res.Elapsed.Round(time.Millisecond), res.Throughput, res.P99, mib(heap0), mib(heap1), mib(rss0), mib(rss1))
@@ -132,12 +144,12 @@ policies:
 func TestMillionDistinctIPsKeepCacheAtItsBound(t *testing.T) {
 	parallelLong(t, "a million Checks, about a minute on two cores")
 	const maxKeys = 10_000
-	s := startVolumeSidecar(t, fmt.Sprintf(`
+	s := startIdleVolumeSidecar(t, fmt.Sprintf(`
 local: {max_keys: %d}
 policies:
   - {name: per-ip, key: [ip], limit: 10, window: 1m}
 `, maxKeys))
-	runLoadgen(t, []*sidecar{s}, warmRequests, 32, append(volumeGiveUp, "-vary", "ip")...)
+	runLoadgenAs(t, niceIdle, []*sidecar{s}, warmRequests, 32, append(volumeGiveUp, "-vary", "ip")...)
 	if n := s.metric("extauthz_cache_entries"); n != maxKeys {
 		t.Fatalf("after %d distinct IPs the cache holds %v entries, want it full at %d", warmRequests, n, maxKeys)
 	}
@@ -145,7 +157,7 @@ policies:
 	evictions0 := s.metric("extauthz_cache_evictions_total")
 
 	peak := sampleGauge(s.Admin, "extauthz_cache_entries")
-	res := runLoadgen(t, []*sidecar{s}, volumeRequests, 32, append(volumeGiveUp, "-vary", "ip")...)
+	res := runLoadgenAs(t, niceIdle, []*sidecar{s}, volumeRequests, 32, append(volumeGiveUp, "-vary", "ip")...)
 	maxSeen := peak()
 	heap1, rss1 := s.liveMemory()
 	t.Logf("%d distinct IPs in %v (%.0f/s, p99 %v): cache peak %v; heap %s → %s, RSS %s → %s",

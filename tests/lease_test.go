@@ -35,7 +35,7 @@ func userRequest(user, cost string) *authv3.CheckRequest {
 // lease call, so no units stay stranded on slices too small for any
 // request.
 func TestHybridCostsAboveOneNearTheLimit(t *testing.T) {
-	parallel(t)
+	serial(t, "beside other tests' load it admitted 31, not 33, in one run with no decision degraded (2026-12-04): whether slow lease calls may strand units is for the hybrid's owners to settle; alone until then")
 	srv := testredis.Start(t)
 	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", `
 policies:
@@ -131,7 +131,7 @@ policies:
 // per key per replica (300 keys × 3), about 150 per 1,000 decisions,
 // where redis mode makes 1,000.
 func TestHybridManyKeysLeaseOncePerReplica(t *testing.T) {
-	parallel(t)
+	serial(t, "its claim is for keys seen within a lease's life: 6,000 decisions must take under 25s, a rate other tests' load takes away (the test skips, checking nothing, when they do not)")
 	srv := testredis.Start(t)
 	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", `
 policies:
