@@ -68,3 +68,44 @@ func firstCall(fn *ast.FuncDecl) string {
 	}
 	return ""
 }
+
+// The slots admit as many tests at once as they have, and a long test
+// waiting goes before ordinary ones that arrived earlier: two slots, two
+// tests holding them, an ordinary test and then a long one queued; the
+// first slot given back goes to the long one, the next to the ordinary.
+func TestSlotsStartLongTestsFirst(t *testing.T) {
+	parallel(t)
+	s := &testSlots{free: 2}
+	for i := 0; i < 2; i++ {
+		select {
+		case <-s.queue(false):
+		default:
+			t.Fatalf("test %d of 2 waits with a slot free", i+1)
+		}
+	}
+	ordinary, long := s.queue(false), s.queue(true)
+	isReady := func(c <-chan struct{}) bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	if isReady(ordinary) || isReady(long) {
+		t.Fatal("a third test started with both slots held")
+	}
+	s.give()
+	if !isReady(long) || isReady(ordinary) {
+		t.Fatalf("after one slot came back: long started %v, ordinary %v; want the long one first", isReady(long), isReady(ordinary))
+	}
+	s.give()
+	if !isReady(ordinary) {
+		t.Fatal("the ordinary test did not start when the second slot came back")
+	}
+	s.give()
+	s.give()
+	if s.free != 2 {
+		t.Fatalf("%d slots free after every test gave its back, want 2", s.free)
+	}
+}

@@ -176,20 +176,7 @@ type testSlots struct {
 func (s *testSlots) take(t *testing.T, long bool) {
 	t.Helper()
 	asked := time.Now()
-	s.mu.Lock()
-	if s.free > 0 {
-		s.free--
-		s.mu.Unlock()
-	} else {
-		ready := make(chan struct{})
-		if long {
-			s.long = append(s.long, ready)
-		} else {
-			s.ordinary = append(s.ordinary, ready)
-		}
-		s.mu.Unlock()
-		<-ready
-	}
+	<-s.queue(long)
 	started := time.Now()
 	if waited := started.Sub(asked); waited > time.Second {
 		t.Logf("waited %v for a slot", waited.Round(time.Millisecond))
@@ -198,6 +185,24 @@ func (s *testSlots) take(t *testing.T, long bool) {
 		t.Logf("ran %v in its slot", time.Since(started).Round(time.Millisecond))
 		s.give()
 	})
+}
+
+// queue returns a channel closed when the caller has a slot: at once when
+// one is free, else in its turn, long ones first.
+func (s *testSlots) queue(long bool) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ready := make(chan struct{})
+	switch {
+	case s.free > 0:
+		s.free--
+		close(ready)
+	case long:
+		s.long = append(s.long, ready)
+	default:
+		s.ordinary = append(s.ordinary, ready)
+	}
+	return ready
 }
 
 // give hands a finished test's slot to the next one waiting.
