@@ -19,16 +19,19 @@ import (
 // adminToken is the counters API's bearer token in these tests.
 const adminToken = "e2e-admin-token"
 
-// countersPolicies gives each mode a token bucket of 10 a minute per
-// client: one token every 6s, so a key drained in a test stays drained,
-// and hybrid replicas cache their denial for up to 6s.
+// countersPolicies gives each mode a token bucket of 10 an hour per
+// client: one token every 6 minutes, so a key drained in a test stays
+// drained however slowly the test runs (at 10 a minute, a subtest slowed
+// past 6s by a loaded machine saw bob's bucket refill and ada admitted
+// one more), and hybrid replicas cache their denial for minutes, which
+// the reset must clear.
 const countersPolicies = `
 clients:
   keys: [{id: ada, key: key-ada}, {id: bob, key: key-bob}]
 policies:
-  - {name: local, match: {path_prefix: /local}, key: [client], limit: 10, window: 1m, mode: local}
-  - {name: redis, match: {path_prefix: /redis}, key: [client], limit: 10, window: 1m, mode: redis}
-  - {name: hybrid, match: {path_prefix: /hybrid}, key: [client], limit: 10, window: 1m, mode: hybrid}
+  - {name: local, match: {path_prefix: /local}, key: [client], limit: 10, window: 1h, mode: local}
+  - {name: redis, match: {path_prefix: /redis}, key: [client], limit: 10, window: 1h, mode: redis}
+  - {name: hybrid, match: {path_prefix: /hybrid}, key: [client], limit: 10, window: 1h, mode: hybrid}
 `
 
 // countersCLI runs `extauthz counters ARGS...` against replica s with the
