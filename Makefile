@@ -123,6 +123,15 @@ bench: redis-server
 bench-compare: redis-server
 	$(GO) run ./tests/bench -compare
 
+# The network-fault matrix (docs/reliability.md, "Network faults"):
+# toxiproxy, pinned in tools/bench and built from the module proxy, between
+# three replicas and Redis for every fault, redis mode beside hybrid, and
+# envoyproxy/ratelimit (built at tools/bench's pin) behind the same toxics;
+# prints the table. `make test` runs the short faults only. Minutes.
+.PHONY: test-faults
+test-faults: redis-server
+	$(GO) test -v -count=1 -timeout 30m -run 'TestNetworkFaults|TestAnchorUnderNetworkFaults' ./tests/ -args -faults.full
+
 # Fleets of 10, 100 and 1,000 simulated sidecars against a standalone Redis
 # and a three-master Cluster, in redis and hybrid mode: Redis commands, CPU,
 # connections, memory per key, call latency, heartbeat load. Record results

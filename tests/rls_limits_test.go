@@ -7,6 +7,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
@@ -53,16 +54,21 @@ func TestRLSSeveralLimitsAndWindows(t *testing.T) {
 				replicas = startReplicas(t, 2, defaultsConfig(srv.Addr, mode, section))
 			}
 			t.Run("burst and daily", func(t *testing.T) {
-				user := assertBurstAndDaily(t, replicas)
+				var rdb *redis.Client
+				if srv != nil {
+					rdb = srv.Client()
+				}
+				user := assertBurstAndDaily(t, replicas, rdb)
 				if srv == nil {
 					return
 				}
-				// Each limit counts under a key of its own.
-				for _, w := range []string{"1s", "1d"} {
-					key := "rl:{rls/api:generic_key=api:user=" + user + "%w" + w + "}:fw"
-					if n, err := srv.Client().Exists(t.Context(), key).Result(); err != nil || n != 1 {
-						t.Errorf("redis key %s: exists %d, %v", key, n, err)
-					}
+				// Each limit counts under a key of its own: the burst's was
+				// read within its second (assertBurstGivenBack; it expires
+				// with its window, so checking it here would race the
+				// window's end), the daily's lasts the day.
+				key := "rl:{rls/api:generic_key=api:user=" + user + "%w1d}:fw"
+				if n, err := srv.Client().Exists(t.Context(), key).Result(); err != nil || n != 1 {
+					t.Errorf("redis key %s: exists %d, %v", key, n, err)
 				}
 			})
 			t.Run("30s window", func(t *testing.T) { assertHalfMinute(t, replicas) })
@@ -73,9 +79,11 @@ func TestRLSSeveralLimitsAndWindows(t *testing.T) {
 // assertBurstAndDaily: 3 requests in a second, the 4th denied by the
 // burst (which the daily does not count); in the burst's next window the
 // daily's last 2, then the daily denies. Each status gives the limit that
-// denied or the one with the fewest remaining. It returns the user whose
-// burst stayed within one second.
-func assertBurstAndDaily(t *testing.T, replicas []*sidecar) (burstUser string) {
+// denied or the one with the fewest remaining. The burst's unit taken by
+// the request the daily denied is given back: with Redis (rdb not nil)
+// the burst's count there is read back. It returns the user whose burst
+// stayed within one second.
+func assertBurstAndDaily(t *testing.T, replicas []*sidecar, rdb *redis.Client) (burstUser string) {
 	call := func(i int, user string) *rlsv3.RateLimitResponse {
 		return replicas[i%len(replicas)].shouldRateLimit(rateLimitRequest("api", envoyRequest{headers: [][2]string{{"x-user", user}}}, userLimits))
 	}
@@ -117,10 +125,14 @@ func assertBurstAndDaily(t *testing.T, replicas []*sidecar) (burstUser string) {
 	}
 	// Waiting on real time: the burst's window ends when its denial said.
 	time.Sleep(denial.GetStatuses()[0].GetDurationUntilReset().AsDuration())
+	start := time.Now()
 	expect(call(0, burstUser), rlsv3.RateLimitResponse_OK, "daily", 1)
 	expect(call(1, burstUser), rlsv3.RateLimitResponse_OK, "daily", 0)
 	resp := call(0, burstUser)
 	expect(resp, rlsv3.RateLimitResponse_OVER_LIMIT, "daily", 0)
+	if rdb != nil {
+		assertBurstGivenBack(t, rdb, burstUser, start)
+	}
 	if st := resp.GetStatuses()[0]; st.GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_DAY ||
 		headerOf(resp, "ratelimit-policy") != fmt.Sprintf(`"%s";q=5;w=86400`, dailyPolicy) {
 		t.Fatalf("daily denial %v", resp)
@@ -141,6 +153,36 @@ func assertBurstAndDaily(t *testing.T, replicas []*sidecar) (burstUser string) {
 		t.Fatalf("decisions: burst %v allowed, %v denied, %v refunded; daily %v allowed, %v denied", burstAllowed, burstDenied, refunded, dailyAllowed, dailyDenied)
 	}
 	return burstUser
+}
+
+// assertBurstGivenBack reads the burst's count in Redis after the three
+// requests made from start, in one second: the two the daily admitted
+// count, the third, which the daily denied, was given back (its unit
+// refunded; in hybrid mode through the replica's queue of give-backs, so
+// the count is read until it settles, within the burst's window). Not
+// the refunded counter, which says what the engine asked, not what Redis
+// holds.
+func assertBurstGivenBack(t *testing.T, rdb *redis.Client, user string, start time.Time) {
+	t.Helper()
+	window := start.Truncate(time.Second)
+	if time.Now().Truncate(time.Second) != window {
+		t.Fatalf("the three requests from %v crossed a second: their window's count is gone; run it again", start)
+	}
+	key := "rl:{rls/api:generic_key=api:user=" + user + "%w1s}:fw"
+	var w, c int64
+	for time.Now().Before(window.Add(time.Second)) {
+		st, err := rdb.HMGet(t.Context(), key, "w", "c").Result()
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		w, _ = strconv.ParseInt(fmt.Sprint(st[0]), 10, 64)
+		c, _ = strconv.ParseInt(fmt.Sprint(st[1]), 10, 64)
+		if w == window.UnixMicro() && c == 2 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // polling Redis for the give-back, bounded by the window's end
+	}
+	t.Fatalf("%s: window %d counts %d, want window %d counting 2 (the denied request's unit given back)", key, w, c, window.UnixMicro())
 }
 
 // assertHalfMinute: unit second × unit_multiplier 30 is a 30-second

@@ -117,12 +117,15 @@ func chargeRest(ctx context.Context, takes []Taken, now time.Time) {
 }
 
 // refund gives back the units that allowed policies took; charges stay.
+// A policy's refunded count moves only for a refund its limiter made (or,
+// in hybrid mode, queued to Redis): one that failed left the units spent.
 func refund(ctx context.Context, takes []Taken, now time.Time) {
 	for i := range takes {
 		t := &takes[i]
 		if t.OK && t.Units > 0 && !t.Limit.Unlimited && !t.Limit.Charges(t.Units) {
-			_ = t.Policy.limiter.Refund(ctx, t.Key, t.Limit.Limit, t.Units, now)
-			t.Policy.refunded.Inc()
+			if err := t.Policy.limiter.Refund(ctx, t.Key, t.Limit.Limit, t.Units, now); err == nil {
+				t.Policy.refunded.Inc()
+			}
 		}
 	}
 }

@@ -131,3 +131,46 @@ func (failing) Take(context.Context, string, quota.Limit, int64, time.Time) (quo
 	return quota.Decision{}, errBroken
 }
 func (failing) Refund(context.Context, string, quota.Limit, int64, time.Time) error { return errBroken }
+
+// unrefundable admits every take and fails every refund, as Redis does
+// when it stops answering between a take and its refund.
+type unrefundable struct{}
+
+func (unrefundable) Take(_ context.Context, _ string, l quota.Limit, _ int64, _ time.Time) (quota.Decision, error) {
+	return quota.Decision{Allowed: true, Limit: l.Limit}, nil
+}
+func (unrefundable) Refund(context.Context, string, quota.Limit, int64, time.Time) error {
+	return errBroken
+}
+
+// The refunded count says what was given back: a refund that failed
+// leaves it where it was, and one that was made moves it.
+func TestTakeAllCountsOnlyRefundsMade(t *testing.T) {
+	m := NewMetrics(nil)
+	table, _ := local.NewTable(100)
+	stuck, err := NewPolicy(config.Policy{Name: "stuck", Mode: config.ModeRedis, Limit: 3, Window: time.Minute},
+		Limiters{config.ModeRedis: unrefundable{}}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	given := standalone(t, m, table, config.Policy{Name: "given", Limit: 3, Window: time.Minute})
+	none := standalone(t, m, table, config.Policy{Name: "none", Limit: 0, Window: time.Minute})
+	now := time.Unix(1_700_000_000, 0)
+	takes := []Taken{
+		{Policy: stuck, Key: "k", Limit: stuck.FixedLimit(), Units: 1},
+		{Policy: given, Key: "k", Limit: given.FixedLimit(), Units: 1},
+		{Policy: none, Key: "k", Limit: none.FixedLimit(), Units: 1},
+	}
+	if o, _, err := TakeAll(context.Background(), takes, now, nil); o != OverLimit || err != nil {
+		t.Fatalf("%v %v", o, err)
+	}
+	for policy, want := range map[string]float64{"stuck": 0, "given": 1} {
+		mode := "local"
+		if policy == "stuck" {
+			mode = "redis"
+		}
+		if got := testutil.ToFloat64(m.Decisions.WithLabelValues(policy, mode, "refunded")); got != want {
+			t.Errorf("%s refunded = %v, want %v", policy, got, want)
+		}
+	}
+}

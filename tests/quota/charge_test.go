@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
@@ -67,11 +69,15 @@ func TestRedisChargesMatchLocal(t *testing.T) {
 	}
 }
 
-// Three hybrid replicas answer questions from their leases and take
-// random charges, the clock standing still so nothing refills: what Redis
-// holds once they have given their leases back is the sum charged, to
-// the unit. Once the budget is spent, each replica's next charge drains
-// its lease, and every question after it is denied.
+// Three hybrid replicas beside three redis-mode replicas (the oracle),
+// on one Redis, the clock standing still so nothing refills: each
+// question and charge goes to the same replica number in both modes, and
+// every answer is the same, admission and remaining count. The budget is
+// spent by one replica alone (as when one replica serves the long
+// responses): then every OTHER replica is asked without charging first,
+// and denies, as redis mode does. Redis holds the sum charged, to the
+// unit, and hybrid leased nothing (a lease would answer questions after
+// the others' charges spent the budget: Hybrid.budget).
 func TestHybridChargesSumExactly(t *testing.T) {
 	srv := testredis.Start(t)
 	rdb := srv.Client()
@@ -84,45 +90,63 @@ func TestHybridChargesSumExactly(t *testing.T) {
 		t.Run(l.Algorithm.String(), func(t *testing.T) {
 			clk := newClock()
 			reps := newReplicas(t, rdb, clk, 3, 1000, time.Hour)
+			store := redisstore.NewStore(rdb, redisstore.StoreOptions{Prefix: "rl:", Timeout: time.Second, Log: quiet, Clock: clk.Now})
+			t.Cleanup(store.Close)
+			var oracle []*redisstore.Redis
+			for range reps {
+				oracle = append(oracle, newRedis(t, store))
+			}
 			rng := rand.New(rand.NewPCG(11, uint64(l.Algorithm)))
 			key := "budget:" + l.Algorithm.String()
+			both := func(i int, n int64) (hybrid, redis quota.Decision) {
+				t.Helper()
+				hd, err := reps[i].h.Take(ctx, "hybrid:"+key, l, n, clk.Now())
+				if err != nil {
+					t.Fatal(err)
+				}
+				rd, err := oracle[i].Take(ctx, "redis:"+key, l, n, clk.Now())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if hd.Allowed != rd.Allowed || hd.Remaining != rd.Remaining {
+					t.Fatalf("replica %d, %d units: hybrid %+v, redis mode %+v", i, n, hd, rd)
+				}
+				return hd, rd
+			}
 			var charged int64
 			var admitted int
 			for charged < l.Limit {
 				// Budget is left: every question is admitted, on any replica.
-				d, err := reps[rng.IntN(len(reps))].h.Take(ctx, key, l, 0, clk.Now())
-				if err != nil || !d.Allowed {
-					t.Fatalf("a question with %d of %d charged: %+v, %v", charged, l.Limit, d, err)
+				if d, _ := both(rng.IntN(len(reps)), 0); !d.Allowed {
+					t.Fatalf("a question with %d of %d charged: %+v", charged, l.Limit, d)
 				}
 				admitted++
 				n := 500 + rng.Int64N(3501)
-				if d, err := reps[rng.IntN(len(reps))].h.Take(ctx, key, l, n, clk.Now()); err != nil || !d.Allowed {
-					t.Fatalf("a charge of %d: %+v, %v", n, d, err)
+				if d, _ := both(rng.IntN(len(reps)), n); !d.Allowed {
+					t.Fatalf("a charge of %d: %+v", n, d)
 				}
 				charged += n
 			}
-			// Spent: one more charge on each replica, then nobody admits.
-			for _, r := range reps {
-				if _, err := r.h.Take(ctx, key, l, 500, clk.Now()); err != nil {
-					t.Fatal(err)
+			// Spent, by replica 0's charges alone (the loop's last charge
+			// crossed the end on some replica; replica 0 charges past it).
+			both(0, 500)
+			charged += 500
+			for i := 1; i < len(reps); i++ {
+				if d, _ := both(i, 0); d.Allowed {
+					t.Fatalf("replica %d admitted a question with %d of %d charged", i, charged, l.Limit)
 				}
-				charged += 500
 			}
 			for i, r := range reps {
-				for j := 0; j < 3; j++ {
-					if d, _ := r.h.Take(ctx, key, l, 0, clk.Now()); d.Allowed {
-						t.Fatalf("replica %d admitted a question with %d of %d charged", i, charged, l.Limit)
-					}
+				if got := testutil.ToFloat64(r.m.TokensLeased); got != 0 {
+					t.Fatalf("replica %d leased %v tokens of a charge: always limit", i, got)
 				}
 			}
-			for _, r := range reps {
-				r.h.Close(ctx)
+			for _, mode := range []string{"hybrid", "redis"} {
+				if held := redisCount(t, rdb, mode+":"+key, l); held != charged {
+					t.Fatalf("%s: Redis holds %d units, the replicas charged %d", mode, held, charged)
+				}
 			}
-			held := redisCount(t, rdb, key, l)
-			t.Logf("%s: %d requests admitted, %d units charged, Redis holds %d", l.Algorithm, admitted, charged, held)
-			if held != charged {
-				t.Fatalf("Redis holds %d units, the replicas charged %d", held, charged)
-			}
+			t.Logf("%s: %d requests admitted, %d units charged, Redis holds them in both modes", l.Algorithm, admitted, charged)
 		})
 	}
 }

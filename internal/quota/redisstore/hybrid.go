@@ -38,7 +38,8 @@ import (
 // call per decision: a log's entries and a leaky bucket's slots are
 // instants, which a replica cannot spend later than Redis recorded them.
 // Calendar windows too: their bounds follow a time zone that only the
-// replica computes.
+// replica computes. So do charge: always limits (token budgets): see
+// Hybrid.budget.
 //
 // Slices are sized from what the lease may be spent on: this replica's
 // share of what the limit refills over a lease's life (limit rate × life
@@ -208,15 +209,15 @@ func leases(l quota.Limit) bool {
 
 // Take implements Limiter.
 func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
+	if l.Overdraft {
+		return h.budget(ctx, key, l, n, now)
+	}
 	if !leases(l) {
 		d, err := h.store.decide(ctx, key, l, n, 0) // no lease: no fallback debt kept either
 		if err == nil && l.OnError == quota.ErrorFallback {
 			h.table.record(key, d.Remaining, now)
 		}
 		return d, err
-	}
-	if l.Charges(n) {
-		return h.charge(ctx, key, l, n, now)
 	}
 	need := max(n, 1) // a question (n = 0) needs one token in the slice, and spends none
 	ns := now.UnixNano()
@@ -344,57 +345,45 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 	}
 }
 
-// charge counts n units of key under l (charge: always) whatever is left.
-// The lease this replica holds pays first: when it covers the charge, no
-// call is made; otherwise its tokens all go to the charge and one exact
-// call charges Redis the rest directly (a bucket's lease retired in the
-// same call), so the lease is spent. Either way every unit is counted
-// once, and what the replicas charge sums to what Redis holds, to the
-// unit. A charge that drains the lease leaves this replica's next
-// question (n = 0) to Redis, which denies it while the count is in debt:
-// a replica stops admitting at its first charge after the budget is
-// spent, or when its lease ends.
-func (h *Hybrid) charge(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
-	ns := now.UnixNano()
+// budget decides a take of key under l, a charge: always limit, as redis
+// mode does: one exact call, a question (n = 0) admitted while the count
+// in Redis has a unit left, a charge (n > 0) counted in full whatever is
+// left. Nothing is leased. A lease answering questions would keep
+// admitting after other replicas' charges spent the budget in Redis
+// (those charges are facts, never refused, so Redis cannot hold them back
+// for the lease), until its holder's next charge or the lease's end: a
+// minute of admissions at the shipped lease_ttl. A budget's Checks are
+// the requests that cost most (a model's answer, an export), seconds
+// long, so a round trip per question costs them little; and its charges
+// were already one call each (a charge of hundreds of units outgrows a
+// slice). Hybrid mode thus admits exactly what redis mode admits for such
+// a policy: no Check once the budget is spent, and none denied while a
+// unit is left.
+//
+// A lease held from before a reload turned charge: always on is given
+// back, unspent tokens and all; the charges a fallback counted while
+// Redis was unreachable (owesFallback) are charged with the call, as in
+// redis mode.
+func (h *Hybrid) budget(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
 	sh := h.table.Lock(key)
 	e := stateLocked(sh, key)
-	e.lastUsed = ns
-	h.endLeaseLocked(key, e, l, now)
-	if e.flight == nil && e.tokens >= n {
-		e.tokens -= n
-		d := h.allowLocked(e, l, ns)
-		sh.Unlock()
-		return d, nil
+	e.lastUsed = now.UnixNano()
+	if e.flight == nil && (e.granted > 0 || e.tokens > 0 || e.lapsed > 0) {
+		h.enqueue(heldBack(key, e, "reload"))
+		e.tokens, e.granted, e.leaseID, e.lapsed = 0, 0, 0, 0
 	}
-	var old held
-	if e.flight == nil && e.granted > 0 {
-		// The lease's tokens pay part of the charge: it ends spent.
-		n -= e.tokens
-		old = held{id: e.leaseID, granted: e.granted}
-		e.tokens, e.granted, e.leaseID = 0, 0, 0
+	var debt int64
+	if owesFallback(l) {
+		debt, e.debt = e.debt, 0
 	}
 	sh.Unlock()
-	var d quota.Decision
-	if l.Algorithm == quota.TokenBucket {
-		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: n, need: n, spent: n, charge: true, retire: old})
-		if err != nil {
-			return quota.Decision{}, err
-		}
-		d = quota.Decision{Allowed: true, Limit: l.Limit, Remaining: ls.remaining, ResetAfter: ls.full}
-	} else {
-		// A window's lease ends with its window: a spent one has nothing
-		// to retire.
-		var err error
-		if d, err = h.store.decide(ctx, key, l, n, 0); err != nil {
-			return quota.Decision{}, err
-		}
+	d, err := h.store.decide(ctx, key, l, n, debt)
+	if err != nil {
+		// Charged again next time: if this call ran after all, the
+		// replicas admit less, never more.
+		h.table.Owe(key, debt)
+		return quota.Decision{}, err
 	}
-	sh = h.table.Lock(key)
-	if e, ok := sh.Peek(key); ok && !e.evicted {
-		e.remote, e.remoteAt = d.Remaining, ns
-		e.fullAt = ns + int64(d.ResetAfter)
-	}
-	sh.Unlock()
 	if l.OnError == quota.ErrorFallback {
 		h.table.record(key, d.Remaining, now)
 	}

@@ -21,11 +21,12 @@ var _ LevelSource = (*Hybrid)(nil)
 // bucket held. Too low a level costs nothing once the key's master
 // answers again: what the fallback did not admit is still in Redis, and
 // only what it admitted is charged (Owe). The sliding log and the leaky
-// bucket decide by their exact script, each decision reporting its level.
+// bucket decide by their exact script, each decision reporting its level,
+// as does a charge: always limit (Hybrid.budget).
 func (h *Hybrid) Level(key string, l quota.Limit) (local.Level, bool) {
 	lv, ok := h.table.Level(key, l)
-	if !ok || !leases(l) {
-		return lv, ok
+	if !ok || !leases(l) || l.Overdraft {
+		return lv, ok // nothing leased: Redis's word is the level
 	}
 	peers := max(h.peers.Count(), 1)
 	lv.Remaining = max(lv.Remaining-(peers-1)*maxSlice(capacityOf(l), peers), 0)

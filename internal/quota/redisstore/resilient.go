@@ -71,7 +71,20 @@ func (r *Resilient) WithClock(now func() time.Time) *Resilient {
 
 // Take implements quota.Limiter. It returns an error only when ctx is done.
 func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
-	d, err := r.primary.Take(ctx, key, l, n, now)
+	// The primary answers within the caller's deadline less a tenth of
+	// what was left of it when the decision began, so that a decision by
+	// on_redis_error still arrives in time: each Redis call keeps that
+	// tenth (Store.timeout), but a decision may also wait without
+	// calling (hybrid's wait for another request's lease of the key,
+	// which may itself wait for another), and a wait cut off only by the
+	// caller's own deadline is an error at Envoy, not a decision.
+	pctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithDeadline(ctx, dl.Add(-max(dl.Sub(now), 0)/10))
+		defer cancel()
+	}
+	d, err := r.primary.Take(pctx, key, l, n, now)
 	if err == nil {
 		return d, nil
 	}
@@ -79,26 +92,20 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 	if ctxErr := ctx.Err(); ctxErr != nil && !down {
 		return quota.Decision{}, ctxErr // the caller gave up; nobody will read a decision
 	}
-	if !down && unavailable(err) {
+	if !down && unavailable(err) && r.timeLeft(pctx, now) {
 		// A timeout or a broken connection: wait for the breaker's
 		// verdict. An outage is answered as one; while Redis answers,
 		// ask once more, within what is left of the caller's deadline:
 		// a slow moment should not cost a decision made without Redis.
-		// (A call that ran and is asked again spends twice: the replicas
-		// then admit less, never more.) The wait and the second call
-		// keep, as each call does (Store.timeout), a tenth of what was
-		// left of the caller's deadline when the decision began, so that
-		// the decision, by on_redis_error if it comes to that, arrives
-		// before the deadline: after a first call that ran into its
-		// share of the deadline, nothing is asked again.
-		wctx := ctx
-		if dl, ok := ctx.Deadline(); ok {
-			var cancel context.CancelFunc
-			wctx, cancel = context.WithDeadline(ctx, dl.Add(-max(dl.Sub(now), 0)/10))
-			defer cancel()
-		}
-		if down = r.breaker.AwaitVerdict(wctx, key); !down && wctx.Err() == nil {
-			if d, err2 := r.primary.Take(wctx, key, l, n, now); err2 == nil {
+		// (A first call that ran and whose reply came late is given back
+		// when the reply arrives, Store.undoLate; one whose reply never
+		// came spends twice: the replicas then admit less, never more.)
+		// The wait and the second call keep the primary's deadline, so
+		// that the decision, by on_redis_error if it comes to that,
+		// arrives before the caller's: after a first call that ran into
+		// its share of the deadline, nothing is asked again.
+		if down = r.breaker.AwaitVerdict(pctx, key); !down && pctx.Err() == nil {
+			if d, err2 := r.primary.Take(pctx, key, l, n, now); err2 == nil {
 				return d, nil
 			} else if errors.Is(err2, ErrStoreDown) {
 				down = true
@@ -142,11 +149,29 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 	return d, nil
 }
 
+// timeLeft says whether what is left of the primary's deadline is worth
+// a wait for the breaker's verdict and a second call: at least as long
+// as the decision has taken so far. A first call that ran into its
+// timeout leaves too little for a second to fare better on the same
+// link, and the wait would only bring the answer to the brink of the
+// caller's deadline, where a loaded machine pushes it past (an error at
+// Envoy). The fallback then answers at once, as after a call that may
+// have run. A refused or broken connection fails fast and leaves time.
+func (r *Resilient) timeLeft(pctx context.Context, now time.Time) bool {
+	dl, ok := pctx.Deadline()
+	if !ok {
+		return true
+	}
+	at := r.clock()
+	return dl.Sub(at) >= at.Sub(now)
+}
+
 // Refund implements quota.Limiter: to Redis when it answers, else to the
-// local fallback bucket.
+// local fallback bucket; under on_redis_error allow or deny, nowhere, and
+// Redis's error says so (the units stay spent: less admitted, never more).
 func (r *Resilient) Refund(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) error {
 	if err := r.primary.Refund(ctx, key, l, n, now); err == nil || l.OnError != quota.ErrorFallback {
-		return nil
+		return err
 	}
 	// The debt stays: the unit may have been one Redis admitted, and a
 	// debt too high only makes the replicas admit less, never more.
@@ -158,8 +183,13 @@ func (r *Resilient) Refund(ctx context.Context, key string, l quota.Limit, n int
 // owed to its Redis count, charged with the key's next call once Redis
 // answers: a token bucket's, whose level carries on; not a window's, whose
 // fallback count ends with its window (its Redis count is the window's
-// own). The one place that rule is written: redis mode, hybrid leases and
-// the fallback all ask here.
+// own), unless the window's takes are charges (charge: always): a token
+// budget's charges are facts, the tokens a response reported, and a
+// budget's window (a day, a month) outlasts an outage, so they are
+// charged to the window's count too (to the window holding Redis TIME
+// when it answers: after a window turned in the outage, to the new one:
+// less admitted, never more). The one place that rule is written: redis
+// mode, hybrid leases and budgets, and the fallback all ask here.
 func owesFallback(l quota.Limit) bool {
-	return l.Algorithm == quota.TokenBucket && l.OnError == quota.ErrorFallback
+	return l.OnError == quota.ErrorFallback && (l.Algorithm == quota.TokenBucket || l.Overdraft)
 }

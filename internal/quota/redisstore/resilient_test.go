@@ -273,6 +273,19 @@ func TestResilient(t *testing.T) {
 	if d, err := r.Take(ctx, "d", l, 1, now); err != nil || d.Allowed || d.Degraded != quota.DegradedDeny || d.RetryAfter != time.Second {
 		t.Fatalf("deny: %+v %v", d, err)
 	}
+	// A refund Redis failed is made nowhere under allow or deny, and
+	// says so (the engine counts only refunds made); under fallback it
+	// goes to the fallback bucket.
+	for _, oe := range []quota.OnError{quota.ErrorAllow, quota.ErrorDeny} {
+		l.OnError = oe
+		if err := r.Refund(ctx, "d", l, 1, now); !errors.Is(err, ErrStoreDown) {
+			t.Fatalf("on_redis_error %v: a refund Redis failed returned %v", oe, err)
+		}
+	}
+	l.OnError = quota.ErrorFallback
+	if err := r.Refund(ctx, "k", l, 1, now); err != nil {
+		t.Fatalf("fallback: a refund returned %v", err)
+	}
 	// A limit smaller than the peer count still admits one at a time.
 	tiny := quota.Limit{Limit: 2, Window: time.Minute}
 	if d, _ := r.Take(ctx, "tiny", tiny, 1, now); !d.Allowed {
@@ -373,5 +386,87 @@ func TestResilientRetriesOnceWhileRedisIsUp(t *testing.T) {
 				t.Fatalf("%+v %v after %d calls; want %d calls, degraded=%v", d, err, p.calls, tc.calls, tc.degraded)
 			}
 		})
+	}
+}
+
+// waiting is a primary that answers nothing until its context is done, as
+// a hybrid decision waiting for another request's lease of its key (which
+// may wait for another) does on a slow link.
+type waiting struct{}
+
+func (waiting) Take(ctx context.Context, _ string, _ quota.Limit, _ int64, _ time.Time) (quota.Decision, error) {
+	<-ctx.Done()
+	return quota.Decision{}, ctx.Err()
+}
+
+func (waiting) Refund(context.Context, string, quota.Limit, int64, time.Time) error { return nil }
+
+// A primary that waits on Redis until the caller's deadline must not make
+// the decision an error: SPEC §7, no gRPC error reaches Envoy under a
+// network fault. The primary's wait ends a tenth of the deadline early,
+// and the fallback answers before the caller gives up.
+func TestWaitCutByTheDeadlineIsAFallbackDecision(t *testing.T) {
+	r := newResilient(t, waiting{}, fixedPeers(3), verdict(false))
+	r.clock = time.Now
+	l := quota.Limit{Algorithm: quota.TokenBucket, Limit: 90, Window: time.Minute, OnError: quota.ErrorFallback}
+	now := time.Now()
+	// 2s: the tenth kept back (200ms) outlasts any scheduling delay of a
+	// loaded machine, so the test is about the reserve, not the load.
+	ctx, cancel := context.WithDeadline(context.Background(), now.Add(2*time.Second))
+	defer cancel()
+	d, err := r.Take(ctx, "k", l, 1, now)
+	if err != nil {
+		t.Fatalf("Take: %v; want a fallback decision before the caller's deadline", err)
+	}
+	if d.Degraded != quota.DegradedFallback {
+		t.Fatalf("decision %+v, want a fallback decision", d)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the decision came after the caller's deadline")
+	}
+}
+
+// slowFailing is a primary whose call runs into its timeout: it fails
+// after took, as a call on a slow link does.
+type slowFailing struct{ took time.Duration }
+
+func (s slowFailing) Take(ctx context.Context, _ string, _ quota.Limit, _ int64, _ time.Time) (quota.Decision, error) {
+	select {
+	case <-time.After(s.took): // the call's timeout
+	case <-ctx.Done():
+	}
+	return quota.Decision{}, context.DeadlineExceeded
+}
+
+func (slowFailing) Refund(context.Context, string, quota.Limit, int64, time.Time) error { return nil }
+
+// askedBreaker records whether a decision waited for its verdict.
+type askedBreaker struct{ asked bool }
+
+func (b *askedBreaker) AwaitVerdict(ctx context.Context, _ string) bool {
+	b.asked = true
+	<-ctx.Done() // the verdict takes as long as the decision lets it
+	return false
+}
+
+// A first call that ran into its timeout (150ms of Envoy's 200ms) leaves
+// too little for a second call to fare better: the fallback answers at
+// once rather than wait for the breaker's verdict up to the brink of the
+// caller's deadline, where a loaded machine pushes the answer past it
+// (SPEC §7: no gRPC error reaches Envoy).
+func TestTimedOutCallFallsBackAtOnce(t *testing.T) {
+	b := &askedBreaker{}
+	r := newResilient(t, slowFailing{150 * time.Millisecond}, fixedPeers(3), b)
+	r.clock = time.Now
+	l := quota.Limit{Algorithm: quota.TokenBucket, Limit: 90, Window: time.Minute, OnError: quota.ErrorFallback}
+	now := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), now.Add(200*time.Millisecond))
+	defer cancel()
+	d, err := r.Take(ctx, "k", l, 1, now)
+	if err != nil || d.Degraded != quota.DegradedFallback {
+		t.Fatalf("Take: %+v, %v; want a fallback decision", d, err)
+	}
+	if b.asked {
+		t.Fatal("the decision waited for the breaker's verdict after a call that took 150ms of a 200ms deadline; want the fallback at once")
 	}
 }

@@ -130,9 +130,16 @@ func nextLogMember() string {
 // request's cost; 0 asks without spending), whatever the algorithm: one
 // atomic call of its script. This is where a limit's algorithm picks its
 // script; redis mode, the counters API and hybrid's limits that do not
-// lease all decide here. debt (a token bucket's; see owesFallback) is
-// charged to the bucket first.
+// lease all decide here. debt (see owesFallback) is charged first: a
+// token bucket's in the same call, a budget window's as a charge of its
+// own just before (if the decision's call then fails, the caller owes it
+// again: charged twice at worst, less admitted, never more).
 func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, units, debt int64) (quota.Decision, error) {
+	if debt > 0 && l.Algorithm != quota.TokenBucket && l.Overdraft {
+		if _, err := s.decide(ctx, partition, l, debt, 0); err != nil {
+			return quota.Decision{}, err
+		}
+	}
 	if l.Calendar != nil {
 		return s.decideCalendar(ctx, partition, l, units)
 	}

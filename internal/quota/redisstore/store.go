@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -169,6 +170,17 @@ func (s *Store) timeout(ctx context.Context, now time.Time) time.Duration {
 
 // run calls a script with the store's deadline, breaker and metrics.
 func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys []string, args ...any) (any, error) {
+	return s.runLate(ctx, op, script, keys, nil, args...)
+}
+
+// runLate is run, and when the caller stopped waiting (its deadline, its
+// node marked down) but the script's reply arrives after all, late gets
+// it: the call ran, and what it did is known (nil: dropped). An
+// autopipelined command, once sent, finishes with its batch whatever its
+// context says, so a reply slower than the call's timeout but within the
+// connection's read timeout is read all the same: a slow link answers
+// most abandoned calls this way.
+func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, keys []string, late func(v any), args ...any) (any, error) {
 	n := s.breaker.nodeFor(ctx, keys[0])
 	o := n.outage.Load()
 	if n.down.Load() {
@@ -186,21 +198,36 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 	callCtx, cancel := context.WithTimeout(ctx, t)
 	defer cancel()
 	res := make(chan result, 1)
+	// fate settles who has the reply: the decision (callAnswered) or,
+	// once it stopped waiting (callAbandoned), late.
+	var fate atomic.Int32
 	n.begin(start.UnixNano())
 	go func() {
 		v, err := script.Run(callCtx, s.rdb, keys, args...).Result()
 		n.end(time.Now().UnixNano(), err == nil)
-		res <- result{v, err}
+		if fate.CompareAndSwap(callPending, callAnswered) {
+			res <- result{v, err}
+			return
+		}
+		if err == nil && late != nil {
+			late(v)
+		}
 	}()
 	var v any
 	var err error
+	answered := false
 	select {
 	case r := <-res:
-		v, err = r.v, r.err
+		v, err, answered = r.v, r.err, true
 	case <-o.ctx.Done():
 		err = o.ctx.Err()
 	case <-callCtx.Done():
 		err = callCtx.Err()
+	}
+	if !answered && !fate.CompareAndSwap(callPending, callAbandoned) {
+		// The reply came as the wait ended: it is the decision's.
+		r := <-res
+		v, err = r.v, r.err
 	}
 	done := time.Now()
 	s.opts.Metrics.Duration.WithLabelValues(op).Observe(done.Sub(start).Seconds())
@@ -223,6 +250,14 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 	tracing.RedisCall(ctx, op, start, done, err) // a child of the Check's span, when one records
 	return v, err
 }
+
+// A call's fate: its reply goes to the decision waiting for it, or, when
+// that stopped waiting first, to the call's late handler.
+const (
+	callPending int32 = iota
+	callAnswered
+	callAbandoned
+)
 
 // result is a script call's reply.
 type result struct {
@@ -265,12 +300,21 @@ type held struct {
 // under l, or none when fewer than need remain (want 0, need 1 asks
 // without taking), after charging a.debt and retiring a.retire.
 func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a leaseAsk) (lease, error) {
-	v, err := s.run(ctx, "lease", bucketLease, []string{s.key(partition)},
+	var late func(v any)
+	if !a.charge {
+		late = func(v any) { s.undoLate(partition, a, v) }
+	}
+	v, err := s.runLate(ctx, "lease", bucketLease, []string{s.key(partition)}, late,
 		intervalMicros(l), l.Capacity(), a.want, a.need, s.nowArg(time.Microsecond), a.debt,
 		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent, a.spent, chargeFlag(a.charge), blockMicros(l))
 	if err != nil {
 		return lease{}, err
 	}
+	return leaseOf(v)
+}
+
+// leaseOf reads bucket_lease's reply.
+func leaseOf(v any) (lease, error) {
 	r, ok := v.([]any)
 	if !ok || len(r) != 5 {
 		return lease{}, fmt.Errorf("redisstore: bucket_lease returned %v", v)
@@ -283,6 +327,35 @@ func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a le
 		full:      time.Duration(n(3)) * time.Microsecond,
 		id:        n(4),
 	}, nil
+}
+
+// undoLate gives back what a lease call took when its reply came after
+// the decision stopped waiting for it (runLate). Its caller went on as if
+// the call had failed: the request in hand was decided without it (by
+// the fallback, or by another call), and the fallback debt the call
+// charged was kept to be charged again. So Redis counted for nobody the
+// tokens the call granted and the debt it charged: both go back, the
+// lease retired, as one give-back. Without this a slow link makes every
+// abandoned call that ran cost the bucket twice: its grant, never
+// spent, and its debt, charged again by the next call. (A charge is
+// left as it is: it records units already served.) A give-back that
+// fails too is lost: the replicas then admit less, never more.
+func (s *Store) undoLate(partition string, a leaseAsk, v any) {
+	ls, err := leaseOf(v)
+	if err != nil {
+		return
+	}
+	back := ls.granted + a.debt
+	if back <= 0 {
+		return
+	}
+	// Of the grant, Redis counts all but the tokens the request in hand
+	// was to spend at once as out on the lease: those are retired; every
+	// granted token goes back, as nothing was spent.
+	h := held{id: ls.id, granted: max(ls.granted-a.spent, 0)}
+	if err := s.giveBack(context.Background(), partition, back, h); err == nil {
+		s.opts.Metrics.TokensReturned.WithLabelValues("late").Add(float64(back))
+	}
 }
 
 // blockMicros is the scripts' block_for argument: l's penalty box in
