@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test test-unit lint fuzz redis-server redis-sentinel nginx test-caddy bench bench-compare bench-rlqs bench-fleet bench-micro clean image test-deploy test-chart kind-up kind-load kind-apply kind-smoke kind-down demo
+.PHONY: all build run test test-unit test-e2e-serial test-e2e-parallel test-packages lint fuzz redis-server redis-sentinel nginx test-caddy bench bench-compare bench-rlqs bench-fleet bench-micro clean image test-deploy test-chart kind-up kind-load kind-apply kind-smoke kind-down demo
 IMAGE   ?= extauthz:dev
 
 # go-control-plane ships generated marshallers (vtprotobuf) behind this
@@ -23,8 +23,27 @@ run:
 
 # The whole suite: formatting, vet, tidiness, unit tests and the end-to-end
 # tests that build the binary and start their own redis-server processes.
-test: redis-server redis-sentinel nginx lint test-deploy test-caddy fuzz
-	$(GO) test -race -count=1 -timeout 20m ./...
+# First, alone on the machine, the end-to-end tests that must have it to
+# themselves (tests/, serial(t, why): deliberate load, or milliseconds at
+# the breaker's defaults); then everything else side by side, the
+# end-to-end tests that share the machine (parallel(t)) among it. Each
+# job's output appears whole when it ends. docs/architecture.md, "Test
+# lanes", has the times.
+test: redis-server redis-sentinel nginx lint
+	$(MAKE) --no-print-directory test-e2e-serial
+	$(MAKE) --no-print-directory -j -O test-e2e-parallel test-packages test-deploy test-caddy fuzz
+
+# tests/ in two groups (tests/harness_test.go): EXTAUTHZ_E2E_GROUP picks
+# one. Plain `go test ./tests/` runs both, the serial group first.
+test-e2e-serial:
+	EXTAUTHZ_E2E_GROUP=serial $(GO) test -race -count=1 -timeout 20m ./tests/
+test-e2e-parallel:
+	EXTAUTHZ_E2E_GROUP=parallel $(GO) test -race -count=1 -timeout 20m ./tests/
+
+# Every package's tests but tests/'s, with the race detector: unit tests,
+# tests/quota against real redis-server, the tooling's own tests.
+test-packages:
+	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/tests$$')
 
 # The fast lane: the product packages' own tests, in seconds, with no Redis
 # and no binary to build (everything that needs them lives under tests/),

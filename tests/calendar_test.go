@@ -49,6 +49,7 @@ func midnightAt(at time.Time) int32 {
 // midnight a few seconds away (a real zone's midnight would be hours
 // away); the sidecar loads it as it loads any IANA zone.
 func TestCalendarQuotaResetsAtLocalMidnight(t *testing.T) {
+	serial(t, "its requests must land in the two to four seconds before a zone's midnight, a wall-clock window that other tests' load closes")
 	srv := testredis.Start(t)
 	rdb := srv.Client()
 	zones := t.TempDir()

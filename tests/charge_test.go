@@ -189,6 +189,7 @@ const (
 // both; hybrid leased nothing (a lease would go on answering questions
 // after another replica's charges spent the budget).
 func TestTokenBudget(t *testing.T) {
+	parallel(t)
 	section, _ := domainDir(t, map[string]string{"llm.yaml": budgetDomain})
 	var fleets []modeFleet
 	for _, mode := range []string{"redis", "hybrid"} {
@@ -245,6 +246,7 @@ func budgetCount(t *testing.T, rdb *redis.Client, tenant string) int64 {
 // what was charged, exactly, and the budget stops admissions as in the
 // Redis modes.
 func TestTokenBudgetLocal(t *testing.T) {
+	parallel(t)
 	section, _ := domainDir(t, map[string]string{"llm.yaml": budgetDomain})
 	s := startSidecar(t, "default_mode: local\n"+budgetPolicy+section)
 	if tot := budgetRun(t, []modeFleet{{mode: "local", replicas: []*sidecar{s}}}); tot != (budgetTotals{budgetRequests, budgetCharged, budgetLastLeft}) {
@@ -259,6 +261,7 @@ func TestTokenBudgetLocal(t *testing.T) {
 // hybrid (one exact call per charge: docs/token-budgets.md), where Redis
 // holds the count.
 func TestTokenBudgetChargeBesideADenial(t *testing.T) {
+	parallel(t)
 	section, _ := domainDir(t, map[string]string{"llm.yaml": budgetDomain + `
   - key: model
     rate_limit: {unit: minute, requests_per_unit: 0}
@@ -303,6 +306,7 @@ func TestTokenBudgetChargeBesideADenial(t *testing.T) {
 // extauthz validate prints the policy's charge and the descriptor that
 // counts in its bucket.
 func TestTokenBudgetValidateSummary(t *testing.T) {
+	parallel(t)
 	section, _ := domainDir(t, map[string]string{"llm.yaml": budgetDomain})
 	path := writeConfig(t, "default_mode: local\n"+budgetPolicy+section)
 	out, err := exec.Command(binary, "validate", "-config", path).CombinedOutput()
@@ -353,6 +357,7 @@ policies:
 // and no further (docs/token-budgets.md: 15,000 are forgiven); and every
 // replica denies.
 func TestTokenBudgetThroughAnOutage(t *testing.T) {
+	parallel(t)
 	for _, algorithm := range []string{"token_bucket", "fixed_window"} {
 		t.Run(algorithm, func(t *testing.T) { testBudgetThroughAnOutage(t, algorithm) })
 	}

@@ -1,14 +1,14 @@
 package tests
 
 import (
-	"fmt"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
 // TestEnvironmentOverrides runs the real binary with the container-friendly
@@ -18,6 +18,7 @@ import (
 // (the harness reads JSON lines), EXTAUTHZ_LOG_LEVEL=debug takes effect,
 // and a reload does not take the file's address for a change of listen.
 func TestEnvironmentOverrides(t *testing.T) {
+	parallel(t)
 	sock := filepath.Join(t.TempDir(), "g.sock")
 	adminFlag := freeLoopbackPort(t)
 	s := startSidecarFile(t, writeConfig(t, ordersFor("limit: 5, window: 1m")), []string{
@@ -45,6 +46,7 @@ func TestEnvironmentOverrides(t *testing.T) {
 // TestBadEnvironmentValue: a variable with a bad value stops start-up with
 // a message that names the variable.
 func TestBadEnvironmentValue(t *testing.T) {
+	parallel(t)
 	cmd := exec.Command(binary, "serve", "-config", writeConfig(t, ordersFor("limit: 5, window: 1m")))
 	cmd.Env = append(cmd.Environ(), "EXTAUTHZ_GRACE=soon")
 	out, err := cmd.CombinedOutput()
@@ -53,14 +55,10 @@ func TestBadEnvironmentValue(t *testing.T) {
 	}
 }
 
-// freeLoopbackPort returns a 127.0.0.1 address with a port nothing listens
-// on at the moment.
+// freeLoopbackPort returns a 127.0.0.1 address with a port reserved for
+// the test (testredis.ReservePort): nothing else binds it until the test
+// ends, so the process the test starts on it finds it free.
 func freeLoopbackPort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return fmt.Sprint(l.Addr())
+	return testredis.ReservePort(t).Addr()
 }

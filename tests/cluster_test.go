@@ -21,6 +21,7 @@ func clusterConfig(c *testredis.Cluster, mode, body string) string {
 // The seed scenario against a three-master Redis Cluster, and keys spread
 // over every master.
 func TestClusterSeedScenarioAndSpread(t *testing.T) {
+	parallel(t)
 	cluster := testredis.StartCluster(t, 3)
 	cc := cluster.Client(t)
 	ctx := context.Background()
@@ -62,6 +63,7 @@ func TestClusterSeedScenarioAndSpread(t *testing.T) {
 // Redis: ASK and MOVED are followed, no Check fails, and the limit holds
 // exactly across the move.
 func TestClusterSlotMigrationUnderLoad(t *testing.T) {
+	parallel(t)
 	cluster := testredis.StartCluster(t, 3)
 	cc := cluster.Client(t)
 	ctx := context.Background()
@@ -166,6 +168,7 @@ func migrateSlot(t *testing.T, c *testredis.Cluster, slot, src, dst int) {
 // which master holds the heartbeat key: per-master health is future
 // work.)
 func TestClusterMasterKilledMidRun(t *testing.T) {
+	serial(t, "no decision may wait out a Redis call timeout (150ms) a second after the kill: milliseconds at the breaker's defaults")
 	cluster := testredis.StartCluster(t, 3)
 	s := startSidecar(t, clusterConfig(cluster, "hybrid", perIPPolicy))
 	bg := startBackground(s, 16, perIPRequest(2))

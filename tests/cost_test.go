@@ -43,6 +43,7 @@ func costRequest(path, cost string, key ...string) *authv3.CheckRequest {
 // request costing more than the bucket holds is denied up front with a
 // detail saying so; a malformed cost is charged the default and counted.
 func TestCostsAcrossReplicasStayExact(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	// No wait for the replicas to count each other: exactness is
 	// Redis's, whatever slices the peer count a replica has seen sizes.

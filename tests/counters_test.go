@@ -20,16 +20,19 @@ import (
 // adminToken is the counters API's bearer token in these tests.
 const adminToken = "e2e-admin-token"
 
-// countersPolicies gives each mode a token bucket of 10 a minute per
-// client: one token every 6s, so a key drained in a test stays drained,
-// and hybrid replicas cache their denial for up to 6s.
+// countersPolicies gives each mode a token bucket of 10 an hour per
+// client: one token every 6 minutes, so a key drained in a test stays
+// drained however slowly the test runs (at 10 a minute, a subtest slowed
+// past 6s by a loaded machine saw bob's bucket refill and ada admitted
+// one more), and hybrid replicas cache their denial for minutes, which
+// the reset must clear.
 const countersPolicies = `
 clients:
   keys: [{id: ada, key: key-ada}, {id: bob, key: key-bob}]
 policies:
-  - {name: local, match: {path_prefix: /local}, key: [client], limit: 10, window: 1m, mode: local}
-  - {name: redis, match: {path_prefix: /redis}, key: [client], limit: 10, window: 1m, mode: redis}
-  - {name: hybrid, match: {path_prefix: /hybrid}, key: [client], limit: 10, window: 1m, mode: hybrid}
+  - {name: local, match: {path_prefix: /local}, key: [client], limit: 10, window: 1h, mode: local}
+  - {name: redis, match: {path_prefix: /redis}, key: [client], limit: 10, window: 1h, mode: redis}
+  - {name: hybrid, match: {path_prefix: /hybrid}, key: [client], limit: 10, window: 1h, mode: hybrid}
 `
 
 // countersCLI runs `extauthz counters ARGS...` against replica s with the
@@ -60,6 +63,7 @@ func countersCLI(t *testing.T, s *sidecar, out any, args ...string) {
 // denial they cached (which would hold for up to 6s); in local mode each
 // replica's own count is reset too.
 func TestCountersAPIResetReachesEveryReplica(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	cfg := writeConfig(t, defaultsConfig(srv.Addr, "hybrid", countersPolicies))
 	var replicas []*sidecar
@@ -220,6 +224,7 @@ func resetsBefore(mode string) float64 {
 // The counters API asks for the token before anything, and is off
 // without one.
 func TestCountersAPIAuthorization(t *testing.T) {
+	parallel(t)
 	withToken := startSidecarFile(t, writeConfig(t, ordersFor("limit: 5, window: 1m")), []string{counters.TokenEnv + "=" + adminToken})
 	without := startSidecar(t, ordersFor("limit: 5, window: 1m"))
 	ctx := context.Background()

@@ -13,6 +13,7 @@ import (
 // upstream unchecked, since only the first was listed for removal. When
 // the same key comes twice, both headers are removed.
 func TestSecondCredentialIsChecked(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, listenHTTP+`
 clients:
   keys: [{id: ada, key: key-ada}, {id: bob, key: key-bob}]

@@ -123,6 +123,7 @@ func assertNotDegraded(t *testing.T, replicas []*sidecar) {
 // every algorithm: the counting ones admit exactly the limit, the leaky
 // bucket shapes.
 func TestSeedAtDefaults(t *testing.T) {
+	parallel(t)
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			replicas, rdb := testSeedUnder(t, mode, nil)
@@ -136,6 +137,7 @@ func TestSeedAtDefaults(t *testing.T) {
 // does it: frozen 40ms of every 100ms (what a CFS quota of 0.6 CPU does to
 // a process that wants more), with SIGSTOP and SIGCONT.
 func TestSeedAtDefaultsCPUThrottled(t *testing.T) {
+	serial(t, "its replicas are throttled with SIGSTOP on purpose, and the claim is about that load alone")
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			replicas, _ := testSeedUnder(t, mode, func(replicas []*sidecar) func() {
@@ -148,6 +150,7 @@ func TestSeedAtDefaultsCPUThrottled(t *testing.T) {
 
 // The same with a busy loop holding one of the machine's cores.
 func TestSeedAtDefaultsBusyCore(t *testing.T) {
+	serial(t, "a busy loop holds one of the machine's cores on purpose, and the claim is about that load alone")
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			replicas, _ := testSeedUnder(t, mode, func([]*sidecar) func() { return busyCore(t) })

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,6 +30,7 @@ import (
 // A value over 128 bytes is keyed by a digest that no value sent verbatim
 // can spell: the digest's text as a header value is a bucket of its own.
 func TestLongValueDigestCannotBeSentVerbatim(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 policies:
   - {name: tenant, key: ["header:x-tenant"], limit: 1, window: 1h}
@@ -57,6 +59,7 @@ policies:
 // comes both from the attributes' host field and, when that is empty, from
 // :authority.
 func TestHostSpellingsShareThePolicy(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 policies:
   - {name: api, match: {hosts: [api.example.com]}, limit: 1, window: 1h}
@@ -90,6 +93,7 @@ policies:
 // sidecar saw one or not (Envoy forwards headers ext_authz never sees when
 // allowed_headers narrows what it sends).
 func TestClientIDAlwaysRemovedWithoutAVerifiedClient(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, ordersFor("limit: 100, window: 1m"))
 	removed := func(r *authv3.CheckResponse) []string { return r.GetOkResponse().GetHeadersToRemove() }
 	for _, req := range []envoyRequest{
@@ -116,6 +120,7 @@ func TestClientIDAlwaysRemovedWithoutAVerifiedClient(t *testing.T) {
 // fall back. The heartbeat lives outside the policies' key space
 // (rl:_peers): both work, and Redis serves every decision.
 func TestPolicyNamedPeersBreaksNothing(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	rdb := srv.Client()
 	replicas := startReplicas(t, 2, defaultsConfig(srv.Addr, "redis", `
@@ -157,6 +162,7 @@ policies:
 // callers keep one each. ipv4_prefix and ipv6_prefix change the lengths,
 // for the peer address and for x-forwarded-for alike.
 func TestIPv6CallersOfOneNetworkShareABucket(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 policies:
   - {name: per-ip, key: [ip], limit: 1, window: 1h}
@@ -206,6 +212,7 @@ policies:
 // 1 saying it stopped, where an unbounded decoder formats millions of
 // errors (18 s on this machine).
 func TestValidateRefusesAnAliasBomb(t *testing.T) {
+	parallel(t)
 	const n = 2400
 	var b strings.Builder
 	b.WriteString("policies:\n  - &p {")
@@ -236,6 +243,7 @@ func TestValidateRefusesAnAliasBomb(t *testing.T) {
 // blocks reading it until the process ends; the file watch ignores what
 // is not a regular file.
 func TestSIGTERMDuringAStuckReloadDrainsPromptly(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, ordersFor("limit: 100, window: 1m"))
 	fifo := filepath.Join(filepath.Dir(s.config), "next.yaml")
 	must(t, syscall.Mkfifo(fifo, 0o600))
@@ -289,6 +297,7 @@ func TestSIGTERMDuringAStuckReloadDrainsPromptly(t *testing.T) {
 // local.max_keys is 64, not the default 100,000, so that a scan of 70
 // requests overflows the table.
 func TestScanOfOneOffKeysEvictsNoBudget(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 local: {max_keys: 64}
 clients:
@@ -337,6 +346,7 @@ policies:
 // denies create no entries in per-path, the policy after it, however many
 // distinct paths they name.
 func TestDeniedRequestCreatesNoStateAfterTheDenial(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 clients:
   keys: [{id: ada, key: key-ada}]
@@ -368,6 +378,7 @@ policies:
 // (else a 200 among 429s would mark a right guess). Other addresses, and
 // requests without a key, are not affected; a known key spends nothing.
 func TestAuthFailuresAreLimitedPerAddress(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 clients:
   keys: [{id: ada, key: key-ada}]
@@ -389,6 +400,7 @@ policies:
 		}
 	}
 	counts := map[int]int{}
+	guessing := time.Now()
 	for i := 0; i < 30; i++ {
 		counts[httpStatus(from("203.0.113.9", fmt.Sprintf("guess-%d", i)))]++
 	}
@@ -396,9 +408,16 @@ policies:
 		t.Fatalf("30 unknown keys from one address: %v, want 10 × 401 and 20 × 429", counts)
 	}
 	r := from("203.0.113.9", "key-ada")
+	// The bucket (10 a minute: a token every 6s) was emptied by the ten
+	// failures and refills from the first: the wait for the next token is
+	// 6s less the time since the first failure, rounded up to whole
+	// seconds, so Retry-After is 6 when the guesses took under a second
+	// and 6 − ⌊elapsed⌋ at the least on a slower run.
+	elapsed := int(time.Since(guessing) / time.Second)
+	retry, _ := strconv.Atoi(deniedHeaders(r)["retry-after"])
 	if p := problemBody(t, r); httpStatus(r) != 429 || fmt.Sprint(p["violated-policies"]) != "[_auth_failures]" ||
-		deniedHeaders(r)["ratelimit-policy"] != `"_auth_failures";q=10;w=60` || deniedHeaders(r)["retry-after"] != "6" {
-		t.Fatalf("the right key from the guessing address: %d %v %v", httpStatus(r), p, deniedHeaders(r))
+		deniedHeaders(r)["ratelimit-policy"] != `"_auth_failures";q=10;w=60` || retry > 6 || retry < max(6-elapsed, 1) {
+		t.Fatalf("the right key from the guessing address: %d %v %v; want Retry-After in [%d, 6]", httpStatus(r), p, deniedHeaders(r), max(6-elapsed, 1))
 	}
 	for _, tc := range []struct{ ip, key string }{{"203.0.113.10", "key-ada"}, {"203.0.113.10", "guess-x"}, {"203.0.113.9", ""}} {
 		want := 200
@@ -426,6 +445,7 @@ policies:
 // policy over local.max_log_bytes (256 MiB by default) is refused with
 // the arithmetic and the ways out.
 func TestSlidingLogMemoryIsBoundedInBytes(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	validate := func(cfg string) (string, int) {
 		path := filepath.Join(dir, "sl.yaml")
@@ -462,6 +482,7 @@ func TestSlidingLogMemoryIsBoundedInBytes(t *testing.T) {
 // 127.0.0.1:9001; when that port is taken it exits after saying so, which
 // is all this test reads.
 func TestDemoConfigurationSaysSo(t *testing.T) {
+	parallel(t)
 	cmd := exec.Command(binary, "serve", "-log-format", "json")
 	cmd.Env = append(os.Environ(), "EXTAUTHZ_CONFIG=")
 	stderr, err := cmd.StderrPipe()

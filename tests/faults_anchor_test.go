@@ -168,6 +168,7 @@ func awaitHealthy(t *testing.T, addr string, done chan struct{}, logs *testredis
 // envoyproxy/ratelimit and at extauthz's redis mode through the rate limit
 // service door, side by side (make test-faults only).
 func TestAnchorUnderNetworkFaults(t *testing.T) {
+	serial(t, "it measures decisions through injected network faults beside envoyproxy/ratelimit's under the same: other tests' load would add faults of its own")
 	if !*faultsFull {
 		t.Skip("the anchor runs with the full matrix: make test-faults")
 	}

@@ -26,6 +26,7 @@ import (
 var clusterFaults = []string{"latency 80ms ±40ms", "blackhole (timeout toxic)", "reset_peer on half the connections"}
 
 func TestNetworkFaultsOnOneClusterMaster(t *testing.T) {
+	serial(t, "it measures decisions through injected network faults at the breaker's defaults: other tests' load would add faults of its own")
 	if !*faultsFull {
 		t.Skip("the Cluster runs with the full matrix: make test-faults")
 	}

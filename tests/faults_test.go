@@ -451,6 +451,7 @@ var faultsShort = []string{"latency 80ms ±40ms, 2 hot keys"}
 // mode beside hybrid, and checks the contract above for each. Without
 // -faults.full it runs faultsShort.
 func TestNetworkFaults(t *testing.T) {
+	serial(t, "it measures decisions through an injected latency of 80ms ±40ms at the breaker's defaults: other tests' load would add latency of its own")
 	x := startToxiproxy(t)
 	modes := []*modeUnderFault{startModeBehindProxy(t, x, "redis"), startModeBehindProxy(t, x, "hybrid")}
 	var rows []string

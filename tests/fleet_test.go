@@ -3,9 +3,10 @@ package tests
 // The fleet driver (tests/internal/fleet): many simulated sidecars against
 // one real Redis, measuring what a fleet costs it. `make bench-fleet`
 // prints the larger table of docs/capacity.md. It lives in this package,
-// not one of its own, so that `go test ./...` runs it after or before the
-// timing-sensitive end-to-end tests here, never beside them: a hundred
-// sidecars under the race detector take a good part of a 2-core machine.
+// not one of its own, and in its parallel group, so that it never runs
+// beside the serial, timing-sensitive end-to-end tests here (which run
+// alone, before it): a hundred sidecars under the race detector take a
+// good part of a 2-core machine.
 
 import (
 	"context"
@@ -39,6 +40,7 @@ const (
 //   - heartbeats: once a second per sidecar in a fleet of at most
 //     HeartbeatBudget (200).
 func TestFleetOfAHundredOnStandaloneRedis(t *testing.T) {
+	parallel(t)
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			// A server per mode: each run starts from no buckets.

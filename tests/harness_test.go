@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,6 +40,11 @@ var binary, fastBinary string
 var loadgenBinary string
 
 func TestMain(m *testing.M) {
+	if g := os.Getenv(GroupEnv); g != "" && g != "serial" && g != "parallel" {
+		fmt.Fprintf(os.Stderr, "%s=%q: want serial, parallel or nothing (both)\n", GroupEnv, g)
+		os.Exit(2)
+	}
+	setParallel()
 	dir, err := os.MkdirTemp("", "extauthz-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -73,6 +80,160 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// Every test in this package chooses its group with its first statement,
+// parallel(t), parallelLong(t, why) or serial(t, why);
+// TestEveryTestChoosesItsGroup checks that each does (docs/architecture.md,
+// "Test lanes").
+//
+// Go runs a package's tests that do not call t.Parallel one after another
+// first, with every parallel test paused, and then the parallel tests
+// together. So a serial test has the package to itself: nothing else this
+// suite starts runs beside it. The Makefile runs this package in a go test
+// of its own, so no other package's tests run beside it either. The
+// parallel tests then run through slots (slots below), a few at a time.
+
+// parallel marks a test that shares the machine with the other parallel
+// tests: it starts its own processes on kernel-picked or reserved ports
+// (testredis.ReservePort), writes only under t.TempDir, and its bounds
+// hold on a loaded machine (each is computed from what the test measured,
+// or from the shipped defaults' margins, not from the machine being
+// quiet). That is most tests. Call it first.
+func parallel(t *testing.T) {
+	t.Helper()
+	onlyGroup(t, "parallel")
+	t.Parallel()
+	slots.take(t, false)
+}
+
+// parallelLong is parallel for a test that runs far longer than most (it
+// waits out a lease's life, or sends a million requests), and why: it
+// takes a slot before the tests that did not say so, so that it does not
+// start last and hold up the end of the run.
+func parallelLong(t *testing.T, why string) {
+	t.Helper()
+	if strings.TrimSpace(why) == "" {
+		t.Fatal("parallelLong(t, why): say why the test runs long")
+	}
+	onlyGroup(t, "parallel")
+	t.Parallel()
+	slots.take(t, true)
+}
+
+// serial marks a test that must have the machine to itself, and why: it
+// loads the machine on purpose (a busy core, a replica throttled with
+// SIGSTOP), or it asserts a wall-clock bound (milliseconds, at the
+// breaker's defaults) that other tests' load would break, not the code.
+// Serial tests run one at a time before the parallel ones. Call it first.
+func serial(t *testing.T, why string) {
+	t.Helper()
+	if strings.TrimSpace(why) == "" {
+		t.Fatal("serial(t, why): say why the test needs the machine to itself")
+	}
+	onlyGroup(t, "serial")
+}
+
+// GroupEnv, when set to "serial" or "parallel", runs only that group's
+// tests and skips the others: `make test` runs the serial group alone on
+// the machine, then the parallel group beside the rest of the suite.
+// Unset, both run (serial first).
+const GroupEnv = "EXTAUTHZ_E2E_GROUP"
+
+// onlyGroup skips t when GroupEnv names the other group.
+func onlyGroup(t *testing.T, group string) {
+	t.Helper()
+	if g := os.Getenv(GroupEnv); g != "" && g != group {
+		t.Skipf("a %s test; %s=%s runs the %s group only", group, GroupEnv, g, g)
+	}
+}
+
+// e2eParallel is how many parallel tests run at once when -test.parallel
+// is not given (Go's default is GOMAXPROCS, 2 on the machine the suite is
+// sized for): the end-to-end tests spend most of their time waiting on
+// real time (a lease's life, a failover, a window) and on processes
+// other than this one, so more of them than there are cores keep the
+// cores busy. Measured on 2 cores: see docs/architecture.md, "Test lanes".
+const e2eParallel = 6
+
+// slots admits the parallel tests: -test.parallel at a time (e2eParallel
+// when it is not given), long ones first. Go's own limit is lifted
+// (TestMain) so that every parallel test reaches this queue when the
+// serial ones are done, and it picks who starts: Go starts them in the
+// order they were written, and a long test written last would end the
+// run alone.
+var slots = &testSlots{}
+
+type testSlots struct {
+	mu       sync.Mutex
+	free     int
+	long     []chan struct{} // waiting, in arrival order
+	ordinary []chan struct{}
+}
+
+// take waits for a slot, held until t ends, and logs how long it waited
+// (go test -v counts that wait in the test's time).
+func (s *testSlots) take(t *testing.T, long bool) {
+	t.Helper()
+	asked := time.Now()
+	<-s.queue(long)
+	started := time.Now()
+	if waited := started.Sub(asked); waited > time.Second {
+		t.Logf("waited %v for a slot", waited.Round(time.Millisecond))
+	}
+	t.Cleanup(func() {
+		t.Logf("ran %v in its slot", time.Since(started).Round(time.Millisecond))
+		s.give()
+	})
+}
+
+// queue returns a channel closed when the caller has a slot: at once when
+// one is free, else in its turn, long ones first.
+func (s *testSlots) queue(long bool) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ready := make(chan struct{})
+	switch {
+	case s.free > 0:
+		s.free--
+		close(ready)
+	case long:
+		s.long = append(s.long, ready)
+	default:
+		s.ordinary = append(s.ordinary, ready)
+	}
+	return ready
+}
+
+// give hands a finished test's slot to the next one waiting.
+func (s *testSlots) give() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, q := range []*[]chan struct{}{&s.long, &s.ordinary} {
+		if len(*q) > 0 {
+			next := (*q)[0]
+			*q = (*q)[1:]
+			close(next)
+			return
+		}
+	}
+	s.free++
+}
+
+// setParallel sizes the slots from -test.parallel (e2eParallel when it is
+// not given) and lifts Go's own limit.
+func setParallel() {
+	flag.Parse()
+	n := e2eParallel
+	flag.Visit(func(f *flag.Flag) {
+		if f.Name == "test.parallel" {
+			if v, err := strconv.Atoi(f.Value.String()); err == nil && v > 0 {
+				n = v
+			}
+		}
+	})
+	slots.free = n
+	flag.Set("test.parallel", "1000")
 }
 
 // sidecar is one running extauthz process.
@@ -270,12 +431,29 @@ outer:
 // detector) and returns its summary. args are further loadgen flags.
 func runLoadgen(t *testing.T, replicas []*sidecar, n, workers int, args ...string) loadgen.Result {
 	t.Helper()
+	return runLoadgenAs(t, nil, replicas, n, workers, args...)
+}
+
+// niceIdle runs a command at a low CPU priority (nice 10, a scheduling
+// weight of 110 to a normal process's 1,024): where the cores are
+// contended it takes about a tenth of a normal share, and all the time
+// the others leave idle. For work whose claim is not about time (the
+// volume tests' memory) run beside tests whose Redis calls must answer
+// within the shipped timeouts. (At nice 19 a volume run starved for
+// minutes on a machine loaded by other work.)
+var niceIdle = []string{"nice", "-n", "10"}
+
+// runLoadgenAs is runLoadgen with loadgen's command line prefixed by
+// prefix (niceIdle, or nothing).
+func runLoadgenAs(t *testing.T, prefix []string, replicas []*sidecar, n, workers int, args ...string) loadgen.Result {
+	t.Helper()
 	targets := make([]string, len(replicas))
 	for i, r := range replicas {
 		targets[i] = r.GRPC
 	}
 	all := append([]string{"-targets", strings.Join(targets, ","), "-n", fmt.Sprint(n), "-c", fmt.Sprint(workers)}, args...)
-	out, err := exec.Command(loadgenBinary, all...).Output()
+	argv := append(append(append([]string(nil), prefix...), loadgenBinary), all...)
+	out, err := exec.Command(argv[0], argv[1:]...).Output()
 	if err != nil {
 		var stderr string
 		if ee, ok := err.(*exec.ExitError); ok {

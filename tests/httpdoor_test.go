@@ -20,6 +20,7 @@ import (
 // delay passes and auth requests are still answered; requests in flight
 // complete; the door stops with the gRPC server and the process exits 0.
 func TestSIGTERMDrainsTheHTTPDoor(t *testing.T) {
+	serial(t, "readiness must drop within 500ms of SIGTERM and requests be answered within the 700ms drain delay: wall-clock windows")
 	// Not the defaults: a drain delay long enough to observe (the
 	// default is none) and a grace shorter than the default 10s, so a
 	// door that never stops fails the test quickly.
@@ -122,6 +123,7 @@ func TestSIGTERMDrainsTheHTTPDoor(t *testing.T) {
 // pinning the connection (and a goroutine) for as long as the client
 // likes. Two hundred such connections are each answered and closed.
 func TestHTTPDoorAnswersWithoutWaitingForTheBody(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, listenHTTP+ordersFor("limit: 100000, window: 1h"))
 	const conns = 200
 	start := time.Now()
@@ -153,6 +155,7 @@ func TestHTTPDoorAnswersWithoutWaitingForTheBody(t *testing.T) {
 // The admin listener closes a keep-alive connection left idle, rather than
 // holding its descriptor and goroutine for good.
 func TestAdminClosesIdleConnections(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, ordersFor("limit: 100, window: 1m"))
 	conn, err := net.Dial("tcp", s.Admin)
 	must(t, err)
@@ -178,6 +181,7 @@ func TestAdminClosesIdleConnections(t *testing.T) {
 // With its descriptors exhausted, the process's accept errors are logged as
 // structured records like every other line, not as net/http's plain text.
 func TestAcceptErrorsAreStructured(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	wrapper := filepath.Join(dir, "extauthz-nofile")
 	must(t, os.WriteFile(wrapper, []byte("#!/bin/sh\nulimit -n 48 || exit 1\nexec "+fastBinary+" \"$@\"\n"), 0o755))

@@ -39,6 +39,7 @@ func tenantRequest(path, sub string, rpm any) *authv3.CheckRequest {
 // counted; a tenant's limit raised mid-window leaves it what it had not
 // spent under the new one.
 func TestLimitsFromIdentityAcrossReplicas(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	// No wait for the replicas to count each other: exactness is
 	// Redis's, whatever slices the peer count a replica has seen sizes.

@@ -36,6 +36,7 @@ func userRequest(user, cost string) *authv3.CheckRequest {
 // lease call, so no units stay stranded on slices too small for any
 // request.
 func TestHybridCostsAboveOneNearTheLimit(t *testing.T) {
+	serial(t, "beside other tests' load it admitted 31, not 33, in one run with no decision degraded (2026-12-04): whether slow lease calls may strand units is for the hybrid's owners to settle; alone until then")
 	srv := testredis.Start(t)
 	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", `
 policies:
@@ -57,6 +58,7 @@ policies:
 // whole capacity again, so those tokens are spendable. The policy: a
 // bucket of 400 refilling 40 a second.
 func TestHybridReplicaKilledHoldingLeases(t *testing.T) {
+	parallelLong(t, "it waits out the killed replica's leases: a lease life at the default (60s) and a quarter")
 	srv := testredis.Start(t)
 	const capacity, rate = 400, 40.0 // tokens, tokens a second
 	cfg := defaultsConfig(srv.Addr, "hybrid", `
@@ -136,6 +138,7 @@ policies:
 // which the bound counts from the measured run time rather than skipping
 // a slow run. On this machine a run takes a few seconds: one lease each.
 func TestHybridManyKeysLeaseOncePerReplica(t *testing.T) {
+	serial(t, "its claim is for keys seen within a lease's life: 6,000 decisions must take under 25s, a rate other tests' load takes away (the test skips, checking nothing, when they do not)")
 	srv := testredis.Start(t)
 	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", `
 policies:
@@ -194,6 +197,7 @@ func hasLease(fields map[string]string) bool {
 // calls per replica, 9 in 6,000 decisions (1.5 per 1,000; the target is
 // 10).
 func TestHybridBusyWindowKeyLeases(t *testing.T) {
+	serial(t, "beside other tests' load one run made 10 lease calls where the bound allows 9 (2026-12-04): a request's clock read late near a window's end costs a lease the bound does not count; alone until its reasoning covers that")
 	srv := testredis.Start(t)
 	section, _ := domainDir(t, map[string]string{"busy.yaml": `
 domain: busy

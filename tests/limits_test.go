@@ -229,6 +229,7 @@ const (
 // with DEADLINE_EXCEEDED after RequestTimeout, which frees the connection
 // for ordinary Checks again.
 func TestGRPCStreamCapAndRequestDeadline(t *testing.T) {
+	parallel(t)
 	s := startVolumeSidecar(t, ordersFor("limit: 100, window: 1m"))
 	c := dialH2(t, s.GRPC)
 	set := c.serverSettings()
@@ -301,6 +302,7 @@ func TestGRPCStreamCapAndRequestDeadline(t *testing.T) {
 // references, which gRPC's default limit (16 MiB) let through for every
 // stream. The connection stays usable for well-formed calls.
 func TestGRPCHeaderListCap(t *testing.T) {
+	parallel(t)
 	s := startVolumeSidecar(t, ordersFor("limit: 100, window: 1m"))
 	c := dialH2(t, s.GRPC)
 	c.serverSettings()
@@ -368,6 +370,7 @@ func (rawCodec) Unmarshal(data []byte, v any) error { return proto.Unmarshal(dat
 // older Envoys passed the client's bytes through), and metadata nested
 // deeper than protobuf's recursion limit (10,000).
 func TestUndecodableCheckRequestIsDecided(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, ordersFor("limit: 100, window: 1m"))
 	req := envoyRequest{headers: [][2]string{{"x-api-key", "key-ada"}, {"x-note", "PLACEHOLDER"}}}.build()
 	valid, err := proto.Marshal(req)

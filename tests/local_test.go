@@ -33,6 +33,7 @@ func adaOrder(int) *authv3.CheckRequest {
 
 // The seed scenario on one replica: exactly 100 of 600 parallel requests.
 func TestLocalOneReplicaAdmitsExactly100(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, "default_mode: local\n"+seedPolicy)
 	results, elapsed := timedDrive(t, []*sidecar{s}, 600, 32, adaOrder)
 	counts := tally(t, results)
@@ -73,6 +74,7 @@ func TestLocalOneReplicaAdmitsExactly100(t *testing.T) {
 // Three replicas counting alone admit three times the limit: the weakness
 // of local mode, shown on purpose.
 func TestLocalThreeReplicasAdmit300(t *testing.T) {
+	parallel(t)
 	var replicas []*sidecar
 	for i := 0; i < 3; i++ {
 		replicas = append(replicas, startSidecar(t, "default_mode: local\n"+seedPolicy))
@@ -92,6 +94,7 @@ func TestLocalThreeReplicasAdmit300(t *testing.T) {
 }
 
 func TestUnknownAPIKeysAre401AndLeaveNoState(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, seedPolicy+"  - {name: everyone, key: [ip], limit: 1000000, window: 1s}\n")
 	before := s.metric("extauthz_cache_entries")
 	var seq atomic.Uint64
@@ -123,6 +126,7 @@ func TestUnknownAPIKeysAre401AndLeaveNoState(t *testing.T) {
 // TestMillionDistinctIPsKeepCacheAtItsBound.
 
 func TestMalformedAndEmptyRequests(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, `
 clients:
   keys: [{id: ada, key: key-ada}]
@@ -162,6 +166,7 @@ policies:
 
 // The check subcommand talks to a running sidecar like Envoy would.
 func TestCheckCommand(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, seedPolicy)
 	run := func(args ...string) (string, int) {
 		out, err := exec.Command(binary, append([]string{"check", "-addr", s.GRPC}, args...)...).CombinedOutput()

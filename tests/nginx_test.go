@@ -194,6 +194,7 @@ var rateLimitAllowed = regexp.MustCompile(`^"[a-z_]+";r=\d+;t=\d+$`)
 // per 600ms), and once with a sliding log, which admits exactly 100 in any
 // minute, so exactly 100 reach the app.
 func TestNginxSeed(t *testing.T) {
+	parallel(t)
 	testnginx.Binary(t) // fail fast, with how to install it
 	const policy = `
 clients:
@@ -333,6 +334,7 @@ func assertNginx429(t *testing.T, policy string, i int, r reply) {
 // get a bucket each whatever X-Forwarded-For they forge. And when the
 // sidecar is gone, nginx fails closed with a 503.
 func TestNginxClientIPAndFailClosed(t *testing.T) {
+	parallel(t)
 	// Not the default: ip_trusted_hops: 1 says one proxy (nginx) stands
 	// between clients and the door; at 0 every client is nginx's address.
 	s := startSidecar(t, listenHTTP+`
@@ -368,6 +370,7 @@ policies:
 // on_redis_error: deny while Redis is down: nginx passes extauthz's 503
 // with Retry-After and its problem body.
 func TestNginxRedisUnavailable(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	s := startSidecar(t, listenHTTP+defaultsConfig(srv.Addr, "redis", `
 policies:

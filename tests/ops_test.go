@@ -71,6 +71,7 @@ func assertAllAllowed(t *testing.T, samples []sample) {
 // A changed file takes effect without a restart, under traffic, without
 // a failed Check, and without resetting the counts of its policies.
 func TestReloadOnFileChangeUnderTraffic(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, fmt.Sprintf(reloadBase, 3, "1h"))
 	bg := steadyLoad(s)
 	ip := "192.0.2.10"
@@ -91,6 +92,7 @@ func TestReloadOnFileChangeUnderTraffic(t *testing.T) {
 // An invalid file is refused: the running limits stay, the failure is
 // counted, and the log names the field at fault.
 func TestInvalidReloadKeepsRunningConfig(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, fmt.Sprintf(reloadBase, 2, "1h"))
 	bg := steadyLoad(s)
 	writeAtomically(t, s.config, "listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0}\n"+fmt.Sprintf(reloadBase, 50, "1x"))
@@ -111,6 +113,7 @@ func TestInvalidReloadKeepsRunningConfig(t *testing.T) {
 // A Kubernetes ConfigMap volume updates by swapping a ..data symlink to a
 // new directory; the file's own path never changes.
 func TestReloadOnConfigMapSymlinkSwap(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	v1 := filepath.Join(dir, "..2026_11_30_v1")
 	v2 := filepath.Join(dir, "..2026_11_30_v2")
@@ -153,6 +156,7 @@ func must(t *testing.T, err error) {
 // kubelet stop sending before the listeners close).
 // TestSIGTERMDrainsUnderLoadAtTheDefaults is the twin at the defaults.
 func TestSIGTERMDrainsUnderLoad(t *testing.T) {
+	serial(t, "health must say NOT_SERVING within 500ms of SIGTERM, and no Check be refused before the 700ms drain delay less 100ms: wall-clock windows")
 	testSIGTERMDrains(t, 700*time.Millisecond, "-drain-delay", "700ms")
 }
 
@@ -161,6 +165,7 @@ func TestSIGTERMDrainsUnderLoad(t *testing.T) {
 // closing (Unavailable, which Envoy retries elsewhere), unspent hybrid
 // tokens go back to Redis, the process exits 0.
 func TestSIGTERMDrainsUnderLoadAtTheDefaults(t *testing.T) {
+	parallel(t)
 	testSIGTERMDrains(t, 0)
 }
 
@@ -232,6 +237,7 @@ func testSIGTERMDrains(t *testing.T, drainDelay time.Duration, args ...string) {
 
 // After traffic, /metrics exposes every family operators rely on.
 func TestMetricsFamilies(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", ordersFor("limit: 100, window: 1m")))
 	results, elapsed := timedDrive(t, []*sidecar{s}, 150, 4, adaOrder)

@@ -88,10 +88,16 @@ func roundRobin(n int64, _ time.Duration, count int) int { return int(n) % count
 // each replica's slices of the keys go idle while another spends them.
 func movingLoad(_ int64, since time.Duration, count int) int { return int(since/time.Second) % count }
 
-func TestAccuracyOracle(t *testing.T) { runOracleModes(t, roundRobin) }
+func TestAccuracyOracle(t *testing.T) {
+	serial(t, "it needs a rate (30 requests a key in 5.2s through three race-built replicas) that other tests' load takes away, and its figure (at most 0.1% wrongly limited, docs/modes.md) is for a replica that is not starved of CPU")
+	runOracleModes(t, roundRobin)
+}
 
 // The same with the load moving from one replica to the next every second.
-func TestAccuracyOracleLoadMoves(t *testing.T) { runOracleModes(t, movingLoad) }
+func TestAccuracyOracleLoadMoves(t *testing.T) {
+	serial(t, "it needs a rate (30 requests a key in 5.2s through three race-built replicas) that other tests' load takes away, and its figure (at most 0.1% wrongly limited, docs/modes.md) is for a replica that is not starved of CPU")
+	runOracleModes(t, movingLoad)
+}
 
 // runOracleModes runs the oracle in redis and hybrid mode, three replicas
 // at the defaults, each request to the replica pick chooses.
@@ -108,6 +114,7 @@ func runOracleModes(t *testing.T, pick func(n int64, since time.Duration, count 
 
 // The same with every replica CPU-throttled (frozen 40ms of every 100ms).
 func TestAccuracyOracleCPUThrottled(t *testing.T) {
+	serial(t, "its replicas are throttled with SIGSTOP on purpose, and the claim is about that load alone")
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := testredis.Start(t)

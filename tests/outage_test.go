@@ -257,6 +257,7 @@ func breakLoaded(t *testing.T, s *sidecar, bg *background, warm int, brk func())
 // by on_redis_error, the breaker open within 250ms, and once it is open no
 // decision waits on Redis.
 func TestRedisKilledUnderLoad(t *testing.T) {
+	serial(t, "the breaker must open within 250ms of the kill and no later decision take half a call timeout (75ms): milliseconds at the breaker's defaults")
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := testredis.Start(t)
@@ -293,6 +294,7 @@ func waitCount(t *testing.T, b *background, n int) {
 // after start-up): the point is the split by the count a replica has
 // observed. TestFallbackRightAfterStartUp is the twin at the defaults.
 func TestFallbackSplitsTheLimitAcrossPeers(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", ordersFor("match: {path_prefix: /orders}, limit: 90, window: 1m")))
 	waitPeers(t, replicas, 3)
@@ -320,6 +322,7 @@ func TestFallbackSplitsTheLimitAcrossPeers(t *testing.T) {
 // least min_peers (2): the first replica takes half the limit, not all of
 // it. Bound: each replica's share by the count its metrics report.
 func TestFallbackRightAfterStartUp(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", ordersFor("match: {path_prefix: /orders}, limit: 90, window: 1m")))
 	srv.Kill()
@@ -353,6 +356,7 @@ func TestFallbackRightAfterStartUp(t *testing.T) {
 // limit again on top of what was spent. In hybrid mode a replica's view is
 // as old as its last lease; in redis mode, as its last decision.
 func TestFallbackNearTheLimitStaysNearIt(t *testing.T) {
+	parallel(t)
 	for _, mode := range []string{"hybrid", "redis"} {
 		t.Run(mode, func(t *testing.T) { testFallbackNearTheLimit(t, mode) })
 	}
@@ -413,6 +417,7 @@ func testFallbackNearTheLimit(t *testing.T, mode string) {
 // same guarantees as killed; after SIGCONT the policy returns to its mode
 // by itself.
 func TestRedisFrozenAndThawed(t *testing.T) {
+	serial(t, "the breaker must open within 250ms of the freeze and no later decision take half a call timeout (75ms): milliseconds at the breaker's defaults")
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := testredis.Start(t)
@@ -442,6 +447,7 @@ func TestRedisFrozenAndThawed(t *testing.T) {
 // 40ms freeze, and a shorter deadline moves the next round's deadline off
 // the freeze, so three more rounds at most: 175ms + 3 × 140ms, under 600ms.
 func TestRedisFrozenWhileThrottled(t *testing.T) {
+	serial(t, "its replica is throttled with SIGSTOP on purpose, and the breaker must open within 600ms of the freeze")
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "redis", perIPPolicy))
 	stop := throttle(t, []*sidecar{s}, 40*time.Millisecond, 100*time.Millisecond)
@@ -472,6 +478,7 @@ func TestRedisFrozenWhileThrottled(t *testing.T) {
 // 50-90ms: like the 70ms DEBUG SLEEP it stalls calls past StallAfter
 // (50ms) and the probe runs. The 30ms sleeps do not even raise suspicion.
 func TestSlowRedisKeepsTheBreakerClosed(t *testing.T) {
+	serial(t, "Redis stalls of 30-70ms must not open the breaker, whose probe times out at 100ms: other tests' load would add stalls of its own")
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := testredis.Start(t, "--enable-debug-command", "local")
@@ -526,6 +533,7 @@ func TestSlowRedisKeepsTheBreakerClosed(t *testing.T) {
 // Redis. The replicas wait until each counts the others before the kill:
 // the test checks that they keep that count while the set is rebuilt.
 func TestRedisRestartedSeedHoldsAgain(t *testing.T) {
+	serial(t, "the breaker must open within 250ms of the kill: milliseconds at the breaker's defaults")
 	srv := testredis.Start(t)
 	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", seedPolicy+`
   - {name: warm, match: {path_prefix: /warm}, key: [client], limit: 1000000, window: 1m}
@@ -597,6 +605,7 @@ func waitHeartbeats(t *testing.T, rdb *redis.Client, n int64, d time.Duration) {
 
 // on_redis_error: allow admits and deny answers 503 during the outage.
 func TestOnRedisErrorAllowAndDeny(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "redis", `
 policies:
@@ -657,6 +666,7 @@ policies:
 // shorter than the call timeout: a call given all of it (or all that is
 // left) would leave the caller with DeadlineExceeded; 50ms are kept.
 func TestRedisCallKeepsInsideTheCallersDeadline(t *testing.T) {
+	serial(t, "a Check must be answered within the 16ms its deadline keeps beyond the Redis call: milliseconds")
 	for _, c := range []struct {
 		name     string
 		redis    string

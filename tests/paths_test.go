@@ -10,6 +10,7 @@ import (
 // nothing): a doubled slash, a dot segment, an encoded letter or an encoded
 // slash cannot send a request past the policy to a looser one.
 func TestPathSpellingsShareThePolicy(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, listenHTTP+`
 policies:
   - {name: orders, match: {path_prefix: /orders}, limit: 1, window: 1h}

@@ -58,6 +58,7 @@ func (s *sidecar) admits(n int, req func() *authv3.CheckRequest) (allowed int, l
 // that never deny and send no RateLimit headers, and a policy matched by
 // header and by network: through the real binary, in every mode.
 func TestPlansFromClaimsAndRicherMatching(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", plansAndMatching("local", "redis", "hybrid")))
 	for _, mode := range []string{"local", "redis", "hybrid"} {

@@ -52,6 +52,7 @@ func waitPeers(t *testing.T, replicas []*sidecar, n int) {
 // count between another's read and its increment. This is the race the
 // scripts close.
 func TestNaiveGetThenIncrRace(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	ctx := context.Background()
 	clients := []*redis.Client{srv.Client(), srv.Client(), srv.Client()}
@@ -100,6 +101,7 @@ func TestNaiveGetThenIncrRace(t *testing.T) {
 // The figure depends on how busy the key is, so this test runs the binary
 // built without the race detector, at a realistic rate.
 func TestHybridRedisCallsPerThousand(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	cfg := defaultsConfig(srv.Addr, "hybrid", `
 clients:
@@ -141,6 +143,7 @@ policies:
 // under reason "idle". The limit refills one token an hour, so what Redis
 // counts is what was spent and returned, not refill.
 func TestHybridUnspentTokensComeBack(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, "hybrid", ordersFor("limit: 1000, window: 1000h")))
 	rdb := srv.Client()
@@ -187,6 +190,7 @@ func TestHybridUnspentTokensComeBack(t *testing.T) {
 
 // SIGTERM gives a replica's unspent tokens back to Redis.
 func TestHybridShutdownReturnsTokens(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", ordersFor("limit: 10000, window: 1000h")))
 	rdb := srv.Client()

@@ -21,6 +21,7 @@ import (
 // off with listen.reflection: false.
 
 func TestReflectionListsThePublicServices(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), check.RequestTimeout+30*time.Second)
 	defer cancel()
@@ -82,6 +83,7 @@ func TestReflectionListsThePublicServices(t *testing.T) {
 }
 
 func TestReflectionTurnedOff(t *testing.T) {
+	parallel(t)
 	// The knob under test: reflection off.
 	s := startSidecar(t, "listen: {grpc: 127.0.0.1:0, admin: 127.0.0.1:0, reflection: false}\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -21,6 +21,7 @@ import (
 // and no breaker opened (a key in a moving slot is followed through ASK
 // and MOVED), and every key admits what an exact bucket admits.
 func TestClusterReshardUnderLoad(t *testing.T) {
+	parallel(t)
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) { testReshardUnderLoad(t, mode) })
 	}

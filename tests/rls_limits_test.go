@@ -41,6 +41,7 @@ var (
 )
 
 func TestRLSSeveralLimitsAndWindows(t *testing.T) {
+	parallel(t)
 	for _, mode := range []string{"local", "redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			section, _ := domainDir(t, map[string]string{"api.yaml": limitsDomain})

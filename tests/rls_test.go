@@ -74,6 +74,7 @@ func seedRequest(alg, user string) func(int) *rlsv3.RateLimitRequest {
 // 100 admitted in redis and hybrid mode, for every counting algorithm
 // (fixed_window being what envoyproxy/ratelimit users have today).
 func TestRLSSeedScenario(t *testing.T) {
+	parallel(t)
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := testredis.Start(t)
@@ -173,6 +174,7 @@ descriptors:
 // hits_addend, the statuses' fields, and several descriptors one of which
 // is denied, through the real binary in redis mode.
 func TestRLSDescriptors(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	rdb := srv.Client()
 	section, _ := domainDir(t, map[string]string{"shop.yaml": shopDomain})
@@ -322,6 +324,7 @@ func TestRLSDescriptors(t *testing.T) {
 // appears, and an invalid file keeps every running limit and names its
 // file and field.
 func TestRLSReload(t *testing.T) {
+	parallel(t)
 	const limit = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: %d}\n"
 	section, dir := domainDir(t, map[string]string{"edge.yaml": fmt.Sprintf(limit, 3)})
 	s := startSidecar(t, section)
@@ -390,6 +393,7 @@ func TestRLSReload(t *testing.T) {
 // service: no gRPC error, every answer OK from the fallback, the breaker
 // open within 250ms, and then no call waiting on Redis or making a call.
 func TestRLSRedisKilledUnderLoad(t *testing.T) {
+	serial(t, "the breaker must open within 250ms of the kill and no later decision take half a call timeout (75ms): milliseconds at the breaker's defaults")
 	for i, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := testredis.Start(t)
@@ -414,6 +418,7 @@ func TestRLSRedisKilledUnderLoad(t *testing.T) {
 // extauthz check -rls asks the running sidecar and exits 0 when OK, 1
 // over the limit; validate names a bad domain file's fault.
 func TestRLSCommandLine(t *testing.T) {
+	parallel(t)
 	section, dir := domainDir(t, map[string]string{"edge.yaml": "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"})
 	s := startSidecar(t, section)
 	run := func(args ...string) (int, string) {
@@ -450,6 +455,7 @@ func TestRLSCommandLine(t *testing.T) {
 // names of their own (the rate limit's own name takes the rest), not
 // 1,000 more per reload, as a budget per configuration would allow.
 func TestRLSDetailedMetricNamesBoundedAcrossReloads(t *testing.T) {
+	parallel(t)
 	section, _ := domainDir(t, map[string]string{"detailed.yaml": `
 domain: detailed
 descriptors:
@@ -496,6 +502,7 @@ descriptors:
 // domains, as naming that file directly does, rather than leaving it out
 // and "succeeding" with its domain gone and unlimited.
 func TestRLSUnreadableDomainEntryKeepsTheRunningConfig(t *testing.T) {
+	parallel(t)
 	const limit = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"
 	section, dir := domainDir(t, map[string]string{"edge.yaml": limit})
 	s := startSidecar(t, section)
@@ -545,6 +552,7 @@ func TestRLSUnreadableDomainEntryKeepsTheRunningConfig(t *testing.T) {
 // 2^32−1 hits on 100 a minute) or, near 2^64, 1 s. The limit keeps its
 // units for requests that fit.
 func TestRLSHitsThatNeverFit(t *testing.T) {
+	parallel(t)
 	section, _ := domainDir(t, map[string]string{"bulk.yaml": `
 domain: bulk
 descriptors:

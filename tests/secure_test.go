@@ -43,6 +43,7 @@ func runToExit(t *testing.T, cfg string, env ...string) (int, string) {
 // A password from the environment works; a wrong one stops start-up with
 // a clear message and never prints the password.
 func TestRedisPasswordAndACL(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t, "--requirepass", "s3cret-pass")
 	admin := srv.Client(func(o *redisOptions) { o.Password = "s3cret-pass" })
 	ctx := context.Background()
@@ -82,6 +83,7 @@ func TestRedisPasswordAndACL(t *testing.T) {
 // Redis over TLS, with a client certificate; an untrusted server is
 // reported clearly and policies fall back.
 func TestRedisTLS(t *testing.T) {
+	parallel(t)
 	certs := testcerts.Write(t, "redis")
 	srv := testredis.StartTLS(t, testredis.TLSFiles{Cert: certs.ServerCert, Key: certs.ServerKey, CA: certs.CA, AuthClients: true})
 	cfg := fmt.Sprintf(`redis:
@@ -113,6 +115,7 @@ default_mode: hybrid
 // The gRPC listener over TLS and mTLS, for sidecars Envoy reaches over a
 // network; `extauthz check` speaks it too.
 func TestGRPCListenerTLS(t *testing.T) {
+	parallel(t)
 	certs := testcerts.Write(t, "grpc")
 	pool := x509.NewCertPool()
 	caPEM, _ := os.ReadFile(certs.CA)

@@ -72,6 +72,7 @@ policies:
 `, sentinelLimit, sentinelBurst)
 
 func TestSentinelFailoverUnderLoad(t *testing.T) {
+	serial(t, "every breaker must close within 1.75s of the sentinels naming the new master, and open only once: the breaker's defaults")
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) { testSentinelFailover(t, mode) })
 	}
@@ -394,6 +395,7 @@ func sentinelBreakers(t *testing.T, replicas []*sidecar) []sentinelBreaker {
 // password stops start-up naming both variables and printing neither
 // password.
 func TestSentinelPasswords(t *testing.T) {
+	parallel(t)
 	g := testredis.StartSentinels(t, testredis.SentinelOptions{Password: "server-pass", SentinelPassword: "sentinel-pass"})
 	cfg := fmt.Sprintf("redis:\n  sentinel: {master_name: %s, addrs: [%s], password_env: SENTINEL_PASSWORD}\n  password_env: REDIS_PASSWORD\ndefault_mode: redis\n%s",
 		g.Name, strings.Join(g.Addrs(), ", "), seedPolicy)

@@ -57,15 +57,13 @@ type toxiproxy struct {
 	api string // http://127.0.0.1:port
 }
 
-// startToxiproxy runs a toxiproxy server on a free loopback port until the
-// test ends.
+// startToxiproxy runs a toxiproxy server on a reserved loopback port
+// (testredis.ReservePort: nothing else binds it before the server does)
+// until the test ends.
 func startToxiproxy(t *testing.T) *toxiproxy {
 	t.Helper()
 	bin := toxiproxyBinary(t)
-	port, err := testredis.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
+	port := testredis.ReservePort(t).N
 	cmd := exec.Command(bin, "-host", "127.0.0.1", "-port", strconv.Itoa(port), "-seed", "1")
 	logs := &testredis.LogBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs

@@ -118,6 +118,7 @@ func (c *otlpCollector) byTrace(traceID string) []receivedSpan {
 // the spans are read after the process has exited, which proves they are
 // exported at shutdown.
 func TestTracingContinuesEnvoysTrace(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	cfg := fmt.Sprintf("redis: {addrs: [%s]}\n", srv.Addr) + ordersFor("limit: 100, window: 1m, mode: redis, algorithm: sliding_window")
 	for _, protocol := range []string{"grpc", "http/protobuf"} {

@@ -1,10 +1,13 @@
 // Package engine makes the decision every door asks for: who the caller
 // is, which policies apply, and whether each admits one more unit. A door
 // (the gRPC ext_authz Check in internal/check, the HTTP endpoint in
-// internal/httpauth; later Envoy's rate limit service) turns its
-// protocol's request into a Request, calls Decide, and renders the Verdict
-// in its protocol, using the header values and problem bodies of
-// render.go, so every door answers alike.
+// internal/httpauth) turns its protocol's request into a Request, calls
+// Decide, and renders the Verdict in its protocol, using the header values
+// and problem bodies of render.go, so every door answers alike. Envoy's
+// rate limit service (internal/rls), whose requests name descriptors
+// rather than a caller, compiles its descriptor files into Policies with
+// NewPolicy, takes a request's with TakeAll, and answers with render.go
+// too.
 //
 // A Check's path: Decide identifies the caller (API key by SHA-256 digest:
 // an unknown key is a 401 before any policy runs), finds the matching

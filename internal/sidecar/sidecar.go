@@ -265,9 +265,9 @@ func (s *Sidecar) Run() (int, error) {
 				continue
 			}
 			s.log.Info("shutting down", "signal", sig.String())
-			now := make(chan struct{})
-			go func() { <-sigs; close(now) }()
-			return s.Shutdown(now), nil
+			hurry := make(chan struct{})
+			go func() { <-sigs; close(hurry) }()
+			return s.Shutdown(hurry), nil
 		}
 	}
 }
@@ -572,17 +572,17 @@ func warnRestartOnly(log *slog.Logger, running, next *config.Config) {
 // requests in flight answered. Only then does it release Redis (so a
 // request in flight can still count) and export the last spans; the
 // admin listener closes last, so /metrics and /readyz answer throughout.
-// Closing now stops at once (Run closes it on a second signal). It
+// Closing hurry stops at once (Run closes it on a second signal). It
 // returns the process's exit code: 1 when stopped at once during the
 // drain delay.
-func (s *Sidecar) Shutdown(now <-chan struct{}) int {
+func (s *Sidecar) Shutdown(hurry <-chan struct{}) int {
 	defer s.stopReloads()
 	s.ready.Store(false)
 	s.health.Shutdown() // every service NOT_SERVING
 	if s.opts.DrainDelay > 0 {
 		select {
 		case <-time.After(s.opts.DrainDelay):
-		case <-now:
+		case <-hurry:
 			s.stopNow()
 			return 1
 		}
@@ -606,7 +606,7 @@ func (s *Sidecar) Shutdown(now <-chan struct{}) int {
 	force := time.AfterFunc(s.opts.Grace, s.stopNow)
 	select {
 	case <-done:
-	case <-now:
+	case <-hurry:
 		s.stopNow()
 		<-done
 	}

@@ -204,10 +204,10 @@ func TestShutdownStopsAtOnceWhenAsked(t *testing.T) {
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
-	now := make(chan struct{})
+	hurry := make(chan struct{})
 	exit := make(chan int, 1)
-	go func() { exit <- s.Shutdown(now) }()
-	close(now)
+	go func() { exit <- s.Shutdown(hurry) }()
+	close(hurry)
 	select {
 	case code := <-exit:
 		if code != 1 {

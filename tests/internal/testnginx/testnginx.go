@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -53,9 +52,10 @@ type Server struct {
 // Start runs nginx with the shipped server configuration at conf, included
 // in a minimal main configuration (as Debian's nginx.conf includes
 // conf.d/*.conf). ports maps each address the file names to the address
-// it gets here; the file's listen address, from, becomes a free loopback
-// port. Every address must occur in exactly one directive, so a change to
-// the shipped file cannot slip past the test's substitutions.
+// it gets here; the file's listen address, from, becomes a reserved
+// loopback port (testredis.ReservePort). Every address must occur in
+// exactly one directive, so a change to the shipped file cannot slip past
+// the test's substitutions.
 func Start(t testing.TB, conf, from string, ports map[string]string) *Server {
 	t.Helper()
 	raw, err := os.ReadFile(conf)
@@ -64,11 +64,7 @@ func Start(t testing.TB, conf, from string, ports map[string]string) *Server {
 	}
 	var last error
 	for attempt := 0; attempt < 5; attempt++ {
-		port, err := testredis.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		addr := testredis.ReservePort(t).Addr() // held until the test ends
 		text := string(raw)
 		for old, repl := range mergeMaps(ports, map[string]string{from: addr}) {
 			if n := strings.Count(directives(text), old); n != 1 {
@@ -80,7 +76,7 @@ func Start(t testing.TB, conf, from string, ports map[string]string) *Server {
 		if err == nil {
 			return s
 		}
-		last = err // most likely the port was taken meanwhile
+		last = err
 	}
 	t.Fatalf("starting nginx: %v", last)
 	return nil

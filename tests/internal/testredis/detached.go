@@ -1,7 +1,7 @@
 package testredis
 
 // The child processes of the benchmark and the demo, which run without a
-// *testing.T: a redis-server on a free loopback port (StartDetached), and
+// *testing.T: a redis-server on a reserved loopback port (StartDetached), and
 // servers (extauthz, the no-op ceiling) that announce their addresses in a
 // JSON "serving" log line (Serve). Children are killed by the kernel if
 // the parent dies (Pdeathsig).
@@ -79,18 +79,20 @@ func StartDetached(dir string, extra ...string) (*Proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis-server is not on PATH: `make redis-server` installs it (Debian), or apt-get install -y redis-server")
 	}
-	port, err := FreePort()
+	port, err := Reserve() // held until the server exits (ports.go)
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+	args := append([]string{"--port", strconv.Itoa(port.N), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir, "--loglevel", "warning"}, extra...)
 	p, out, err := start("redis-server", nil, bin, args...)
 	if err != nil {
+		port.Release()
 		return nil, err
 	}
+	go func() { <-p.done; port.Release() }()
 	go io.Copy(io.Discard, out)
-	p.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	p.Addr = port.Addr()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 		select {
 		case <-p.done:
@@ -199,7 +201,10 @@ func Serve(name string, env []string, bin string, args ...string) (*Proc, error)
 	}
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago, from
+// the kernel's ephemeral range, where any :0 listener may take it before
+// the caller binds it: for a process that runs nothing else meanwhile
+// (the benchmark). Tests reserve ports with ReservePort (ports.go).
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

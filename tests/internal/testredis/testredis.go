@@ -1,4 +1,4 @@
-// Package testredis starts real redis-server processes on free loopback
+// Package testredis starts real redis-server processes on reserved loopback
 // ports: for tests, standalone servers that can be killed, frozen and
 // restarted, Redis Clusters, and replication groups watched by Redis
 // Sentinel (sentinel.go), each stopped when its test ends; for the
@@ -32,9 +32,12 @@ type Server struct {
 	adminOnce sync.Once
 	adminC    *redis.Client // for polling loops, one client for all
 	port      int
-	dir       string
-	args      []string
-	tls       *TLSFiles
+	// reserved holds port (and its Cluster bus port) for the server's
+	// whole life, so that Restart and Revive find it free (ports.go).
+	reserved *Port
+	dir      string
+	args     []string
+	tls      *TLSFiles
 	// sentinelConf is a sentinel's configuration file; "": a server.
 	sentinelConf string
 	cmd          *exec.Cmd
@@ -60,16 +63,22 @@ func Start(t testing.TB, extra ...string) *Server {
 	return launch(t, &Server{t: t, dir: t.TempDir(), args: extra})
 }
 
-// launch starts s on a free port, trying another when one is taken.
+// launch starts s on a reserved port (ports.go), held until the test
+// ends, trying another when the server cannot start on one.
 func launch(t testing.TB, s *Server) *Server {
 	t.Helper()
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
-		s.port = freePort(t)
+		s.reserved, err = Reserve()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.port = s.reserved.N
 		if err = s.start(); err == nil {
-			t.Cleanup(s.Kill)
+			t.Cleanup(func() { s.Kill(); s.reserved.Release() })
 			return s
 		}
+		s.reserved.Release()
 	}
 	t.Fatalf("starting redis-server: %v", err)
 	return nil
@@ -177,17 +186,13 @@ func (s *Server) Restart() {
 	s.Revive()
 }
 
-// Revive starts an empty server on the port of a killed one.
+// Revive starts an empty server on the port of a killed one. The port
+// stayed reserved meanwhile (ports.go): no other server can have taken it.
 func (s *Server) Revive() {
 	s.t.Helper()
-	var err error
-	for attempt := 0; attempt < 50; attempt++ {
-		if err = s.start(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond) // the port may linger briefly
+	if err := s.start(); err != nil {
+		s.t.Fatalf("restarting redis-server on its reserved port: %v", err)
 	}
-	s.t.Fatalf("restarting redis-server: %v", err)
 }
 
 // CommandCalls returns how many times each command ran, from INFO
@@ -227,15 +232,6 @@ func commandCalls(ctx context.Context, c redis.UniversalClient) map[string]int64
 		}
 	}
 	return out
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	p, err := FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
 
 // prefixWriter keeps the server's output for error messages.
