@@ -30,6 +30,7 @@ import (
 const refusedLine = "connlimit: refused connections: the listener holds listen.max_connections open"
 
 func TestListenerConnectionCap(t *testing.T) {
+	parallel(t)
 	// The knob under test: a cap of 4, reached with a handful of
 	// connections (TestListenerConnectionCapDefault is its twin at the
 	// shipped 4,096).
@@ -93,6 +94,7 @@ func TestListenerConnectionCap(t *testing.T) {
 // At the shipped defaults the gRPC listener holds config.DefaultMaxConnections
 // open and refuses the next.
 func TestListenerConnectionCapDefault(t *testing.T) {
+	parallel(t)
 	s := startVolumeSidecar(t, ordersFor("limit: 100, window: 1m"))
 	heap0, rss0 := s.liveMemory()
 	before := s.metric("extauthz_connections_open", "listener", "grpc") // the harness's client, if it connected

@@ -157,6 +157,7 @@ policies:
 // once after a reset through one replica, where without the reset every
 // request would be denied for the next ten minutes.
 func TestCountersAPIResetEndsABlock(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	cfg := writeConfig(t, defaultsConfig(srv.Addr, "hybrid", blockedPolicies))
 	var replicas []*sidecar

@@ -166,6 +166,7 @@ func assertOracle(t *testing.T, got tallies, bucket, keys int, redisHeld bool) {
 // the run. Once Redis is back every replica's breaker closes within 2 s
 // and no decision is degraded after.
 func TestForgetRestartAfterOutage(t *testing.T) {
+	serial(t, "hybrid is held to redis mode through the two heartbeats after Redis comes back empty, and the breakers must close within 2s: timings at the defaults that other tests' load would stretch")
 	f := startSideBySide(t, ordersFor("match: {path_prefix: /orders}, limit: 90, window: 1m"))
 	f.both((*testredis.Server).Kill)
 	during := f.drive(600, 16, 0, adaOrder)
@@ -230,6 +231,7 @@ func flushRequest(i int) *authv3.CheckRequest {
 // the leases. From the fault on, each key admits at most one fresh bucket
 // and what refills in the run.
 func TestForgetFlushWhileLeasesAreHeld(t *testing.T) {
+	serial(t, "it asserts that no breaker opens on a flush and that every breaker closes within 2s at the breaker's defaults: other tests' load would slow Redis calls past the call timeout")
 	for _, c := range []struct {
 		name  string
 		fault func(*testredis.Server)

@@ -227,6 +227,7 @@ func healthcheck(t *testing.T, addr string) (int, string) {
 // metadata; the anchor's limit headers are sent; /healthcheck answers OK
 // on HOST:PORT; a variable nobody knows is ignored.
 func TestRatelimitEnvFile(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	env := append(loopbackEnv(), runtimeDir(t, map[string]string{"default-eg-http.yaml": gatewayDomain})...)
 	env = append(env, "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+srv.Addr, "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:0",
@@ -265,6 +266,7 @@ func TestRatelimitEnvFile(t *testing.T) {
 // What the anchor reads but extauthz cannot do stops the start-up with
 // the variable's name; a bad value likewise.
 func TestRatelimitEnvRefusesWhatItCannotHonour(t *testing.T) {
+	parallel(t)
 	bin := ratelimitBinary(t)
 	base := append(loopbackEnv(), runtimeDir(t, map[string]string{"d.yaml": gatewayDomain})...)
 	for _, c := range []struct {
@@ -290,6 +292,7 @@ func TestRatelimitEnvRefusesWhatItCannotHonour(t *testing.T) {
 // checks the descriptor files; CONFIG_TYPE set makes `extauthz validate`
 // do the same under its own name.
 func TestRatelimitValidateExplains(t *testing.T) {
+	parallel(t)
 	env := append(loopbackEnv(), runtimeDir(t, map[string]string{"d.yaml": gatewayDomain})...)
 	code, stdout, stderr := runRatelimit(t, ratelimitBinary(t), append(env, "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=127.0.0.1:6399", "REDIS_AUTH=s3cret"), "validate")
 	for _, want := range []string{
@@ -321,6 +324,7 @@ func TestRatelimitValidateExplains(t *testing.T) {
 // replaced on disk (a rotated secret) serves the next connection with no
 // restart.
 func TestRatelimitEnvTLS(t *testing.T) {
+	parallel(t)
 	certs := testcerts.Write(t, "ratelimit")
 	dir := t.TempDir()
 	cert, key, ca := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt")

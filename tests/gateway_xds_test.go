@@ -221,6 +221,7 @@ func limited(p *ratelimitProc, domain string, d *ratelimitv3.RateLimitDescriptor
 // last good configuration, and a server back on the same address is
 // reconnected to.
 func TestRatelimitXDS(t *testing.T) {
+	serial(t, "an update pushed over xDS must be applied within a second of wall time, and the server's absence and return are timed")
 	certs := testcerts.Write(t, "xds")
 	x := newXDSServer(t, certs, "127.0.0.1:0")
 	x.push("1", listenerDomain(), sharedDomain())
@@ -297,6 +298,7 @@ func TestRatelimitXDS(t *testing.T) {
 // no server at start, the binary serves at once, answering OK with no
 // limits and healthy; the server appearing later configures it.
 func TestRatelimitXDSForceStart(t *testing.T) {
+	parallel(t)
 	certs := testcerts.Write(t, "xds")
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
@@ -326,6 +328,7 @@ func TestRatelimitXDSForceStart(t *testing.T) {
 // decisions are hybrid mode's; a setting the environment already gives
 // (listen.grpc) in the file is an error naming both.
 func TestRatelimitOverlayHybrid(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	certs := testcerts.Write(t, "xds")
 	x := newXDSServer(t, certs, "127.0.0.1:0")
@@ -354,6 +357,7 @@ func TestRatelimitOverlayHybrid(t *testing.T) {
 // configuration (FORCE_START_WITHOUT_INITIAL_CONFIG), /healthcheck fails
 // until the first one with a domain arrives, then answers OK.
 func TestRatelimitHealthyWithConfig(t *testing.T) {
+	parallel(t)
 	certs := testcerts.Write(t, "xds")
 	x := newXDSServer(t, certs, "127.0.0.1:0")
 	p := startRatelimit(t, ratelimitBinary(t), nil, append(xdsEnv(certs, x.addr),

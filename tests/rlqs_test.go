@@ -125,6 +125,7 @@ func tenantCheck(tenant string) envoyRequest {
 // four Envoys offer 40 a second each and the Checks 10 a second for 8 s
 // (1,360 offered): the bucket, not the demand, bounds what is admitted.
 func TestRLQSEnvoysShareOneBucket(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	replicas := startReplicas(t, 2, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
 	waitPeers(t, replicas, 2)
@@ -180,6 +181,7 @@ func TestRLQSEnvoysShareOneBucket(t *testing.T) {
 // was wrong, counted by reason, and nothing is taken for it: the tenant's
 // count is untouched (a Check sees it full) and no token was taken.
 func TestRLQSNonsenseReports(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 5, window: 1m")))
 	usage := func(elapsed *durationpb.Duration, allowed uint64) *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage {
@@ -242,6 +244,7 @@ func TestRLQSNonsenseReports(t *testing.T) {
 // (10 − 3 = 7 a second); the rest is the under-use the test states. The
 // two together never pass the bucket.
 func TestRLQSDemandMoves(t *testing.T) {
+	serial(t, "demand must be followed within two reporting intervals of wall time, a rate that other tests' load would take from the simulated Envoys")
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
 	id := tenantBucket("acme")
@@ -280,6 +283,7 @@ func TestRLQSDemandMoves(t *testing.T) {
 // never pass the bucket (the dropped stream's assignment stays paid for
 // until it ends).
 func TestRLQSReconnect(t *testing.T) {
+	serial(t, "an Envoy that comes back must be admitted within two reporting intervals of wall time, which other tests' load would stretch")
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
 	id := tenantBucket("acme")
@@ -374,6 +378,7 @@ func blanketOf(a *rlqsv3.RateLimitQuotaResponse_BucketAction) string {
 // (3s). A bucket whose rule leaves the configuration is abandoned at its
 // next report.
 func TestRLQSBucketRules(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsRules(true)))
 	client := rlqsv3.NewRateLimitQuotaServiceClient(s.conn)
@@ -417,6 +422,7 @@ func TestRLQSBucketRules(t *testing.T) {
 // decisions count as degraded. The policy is 10 a second; the Envoy
 // offers 20 a second for 3 s, Redis dies, and it goes on for 4 s more.
 func TestRLQSRedisDown(t *testing.T) {
+	serial(t, "Redis is killed and assignments must come from the fallback within two reporting intervals, at the breaker's defaults")
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
 	e := &offered{f: newEnvoy(s), id: tenantBucket("acme"), perSecond: steady(20)}
@@ -444,6 +450,7 @@ func TestRLQSRedisDown(t *testing.T) {
 // that lasts as long as Envoy runs does not hold the graceful stop for
 // its whole grace period (10 s by default).
 func TestRLQSShutdownEndsStreams(t *testing.T) {
+	parallel(t)
 	s := startSidecar(t, rlqsTenants("limit: 600, window: 1m"))
 	f := newEnvoy(s)
 	f.Request(tenantBucket("acme")) // opens the stream, reports the bucket

@@ -588,6 +588,7 @@ descriptors:
 // An entry without '=' keeps the key it always had
 // (internal/rls TestPartitionKeys).
 func TestRLSEntriesWithEqualsCountApart(t *testing.T) {
+	parallel(t)
 	srv := testredis.Start(t)
 	section, _ := domainDir(t, map[string]string{"eq.yaml": `
 domain: eq
@@ -631,6 +632,7 @@ descriptors:
 // rls.on_undecodable: allow it is OK, counted as such. Either way the
 // connection decides a valid request after it.
 func TestRLSUndecodableRequestIsDecided(t *testing.T) {
+	parallel(t)
 	section, _ := domainDir(t, map[string]string{"d.yaml": "domain: d\ndescriptors:\n  - {key: user, rate_limit: {unit: minute, requests_per_unit: 100}}\n"})
 	valid := rateLimitRequest("d", envoyRequest{headers: [][2]string{{"x-user", "PLACEHOLDER"}}}, actions(requestHeader("x-user", "user")))
 	b, err := proto.Marshal(valid)
