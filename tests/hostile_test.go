@@ -107,7 +107,7 @@ func mib(b float64) string { return fmt.Sprintf("%.1f MiB", b/(1<<20)) }
 // One million distinct unknown API keys: every one a 401, no policy runs,
 // no cache entry is created, and memory stays where it was.
 func TestMillionUnknownAPIKeysLeaveMemoryFlat(t *testing.T) {
-	parallelLong(t, "a million Checks, about a minute on two cores")
+	serial(t, "a million Checks, about a minute alone on two cores; its resident-memory bound is the process's alone: starved beside other tests (7m39s at nice 10) its RSS grew past the bound with a flat heap, freed pages returned late")
 	s := startIdleVolumeSidecar(t, `
 local: {max_keys: 10000}
 clients:
@@ -148,7 +148,7 @@ policies:
 // One million distinct client IPs: every one allowed (its first request),
 // the cache never above max_keys, and memory flat once the cache is full.
 func TestMillionDistinctIPsKeepCacheAtItsBound(t *testing.T) {
-	parallelLong(t, "a million Checks, about a minute on two cores")
+	serial(t, "a million Checks, about a minute alone on two cores; its resident-memory bound is the process's alone: starved beside other tests (7m39s at nice 10) its RSS grew 22 MiB with the heap flat at 6 MiB, freed pages returned late")
 	const maxKeys = 10_000
 	s := startIdleVolumeSidecar(t, fmt.Sprintf(`
 local: {max_keys: %d}
