@@ -21,7 +21,7 @@ import (
 // and no breaker opened (a key in a moving slot is followed through ASK
 // and MOVED), and every key admits what an exact bucket admits.
 func TestClusterReshardUnderLoad(t *testing.T) {
-	parallel(t)
+	serial(t, "every key is held to the exact bucket fed its arrivals as this process timed them: beside the parallel group one hybrid key read 18 against 17 with nothing degraded and no call timed out, not reproduced alone (four runs); it ran alone in every earlier stop")
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) { testReshardUnderLoad(t, mode) })
 	}
