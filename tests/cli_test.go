@@ -33,7 +33,7 @@ func TestEnvironmentOverrides(t *testing.T) {
 	if s.Admin != adminFlag {
 		t.Errorf("serving admin on %q, want %q from -listen-admin (the flag wins over the variable)", s.Admin, adminFlag)
 	}
-	if !strings.Contains(s.logs.String(), `"level":"DEBUG"`) {
+	if !s.logShows(`"level":"DEBUG"`, 10*time.Second) {
 		t.Errorf("EXTAUTHZ_LOG_LEVEL=debug: no debug line in\n%s", s.logs.String())
 	}
 	s.cmd.Process.Signal(syscall.SIGHUP)

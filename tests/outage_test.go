@@ -180,6 +180,20 @@ func (s *sidecar) logged(msg string, d time.Duration) time.Time {
 	}
 }
 
+// logShows waits up to d for text to appear in the replica's log: the
+// child writes its log through a pipe that the harness copies, so a line
+// written before a reply can reach the buffer after the reply is read.
+func (s *sidecar) logShows(text string, d time.Duration) bool {
+	s.t.Helper()
+	for deadline := time.Now().Add(d); !strings.Contains(s.logs.String(), text); {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond) // polling the child's log
+	}
+	return true
+}
+
 // decisionCalls counts the Redis calls decisions made (every operation but
 // the breaker's probes), leaving out those abandoned when the store went
 // down: while it is down the count must not move.
@@ -645,7 +659,7 @@ policies:
 			t.Errorf("log line is not JSON: %s", line)
 		}
 	}
-	if !strings.Contains(s.logs.String(), "redis marked down") {
+	if !s.logShows("redis marked down", 10*time.Second) {
 		t.Errorf("no store transition in the log:\n%s", s.logs)
 	}
 }

@@ -535,7 +535,7 @@ func TestRLSUnreadableDomainEntryKeepsTheRunningConfig(t *testing.T) {
 		if n := s.metric("extauthz_config_reloads_total", "result", "success"); n != 0 {
 			t.Fatalf("%s: %v successful reloads, want none", tc.name, n)
 		}
-		if !strings.Contains(s.logs.String(), filepath.Join(dir, "edge.yaml")+`\" cannot be read`) {
+		if !s.logShows(filepath.Join(dir, "edge.yaml")+`\" cannot be read`, 10*time.Second) {
 			t.Fatalf("%s: the log does not name edge.yaml:\n%s", tc.name, tail(s.logs.String(), 5))
 		}
 	}

@@ -101,7 +101,7 @@ default_mode: hybrid
 	// A CA that did not sign the server's certificate.
 	other := testcerts.Write(t, "other")
 	bad := startSidecar(t, fmt.Sprintf("redis: {addrs: [%s], tls: {ca_file: %s}}\ndefault_mode: hybrid\n%s", srv.Addr, other.CA, seedPolicy))
-	if !strings.Contains(bad.logs.String(), "certificate") {
+	if !bad.logShows("certificate", 10*time.Second) {
 		t.Fatalf("an untrusted Redis certificate is not reported:\n%s", bad.logs)
 	}
 	if st := httpStatus(bad.check(adaOrder(0))); st != 200 {
