@@ -420,6 +420,15 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		e.k, e.g, e.atConfirm, e.confirmSeq = ls.k, ls.g, ls.granted-n, h.confirms.Load()
 		e.until = now.Add(ls.life - ls.life/leaseMargin)
 		e.algorithm, e.window, e.capacity = l.Algorithm, l.Window, capacityOf(l)
+		if ls.unreplicated && ls.granted > need {
+			// Fewer replicas than redis.wait_replicas hold the lease: a
+			// failover now would lose it. The request in hand takes what
+			// it needs, as in redis mode; the rest is parked, as a stopped
+			// lease's is, given back with the key's next call if Redis
+			// still holds it, and nothing charged if not.
+			h.opts.Metrics.LeasesUnreplicated.Inc()
+			e.parked, e.tokens, e.owed, e.stopped = ls.granted-need, need, 0, true
+		}
 		if e.granted > 0 {
 			h.holdLocked(key, e)
 		}
@@ -483,6 +492,7 @@ type leased struct {
 	wait, full, life       time.Duration
 	k, g                   int64 // a bucket lease's key state
 	forgot                 bool  // the lease retired was one Redis had forgotten
+	unreplicated           bool  // fewer replicas than asked hold it (StoreOptions.WaitReplicas)
 }
 
 // lease asks Redis for between need and want units of key under l, of
@@ -491,7 +501,7 @@ type leased struct {
 func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, need, spent, debt, peers int64, old held) (leased, error) {
 	if l.Algorithm == quota.TokenBucket {
 		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: want, need: need, debt: debt, life: h.opts.LeaseTTL, peers: peers, spent: spent, retire: old})
-		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: h.opts.LeaseTTL, k: ls.k, g: ls.g, forgot: ls.forgot}, err
+		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: h.opts.LeaseTTL, k: ls.k, g: ls.g, forgot: ls.forgot, unreplicated: ls.unreplicated}, err
 	}
 	w, err := h.store.leaseWindow(ctx, key, l, want, need, peers, old)
 	return leased{granted: w.granted, remaining: w.Remaining, id: w.id, wait: w.RetryAfter, full: w.ResetAfter, life: min(w.left, h.opts.LeaseTTL)}, err

@@ -61,6 +61,16 @@ type StoreOptions struct {
 	// that talks to that master alone, on a connection of its own. Nil:
 	// Probe.
 	NodeProbe func(addr string) rediser
+	// WaitReplicas, above zero, follows every hybrid bucket lease call
+	// with WAIT WaitReplicas WaitTimeout on the connection that ran it
+	// (redis.wait_replicas): a lease fewer replicas acknowledge is not
+	// spent past the request that took it (Hybrid.Take), so a failover
+	// to a replica that missed it loses no more than redis mode loses of
+	// one decision. Pipeline gives that connection (Clients.StoreOptions);
+	// without it WaitReplicas does nothing.
+	WaitReplicas int
+	WaitTimeout  time.Duration
+	Pipeline     func(ctx context.Context, key string) (redis.Pipeliner, error)
 }
 
 // Store runs the limiter scripts against Redis. Every call has a deadline.
@@ -189,7 +199,15 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 // connection's read timeout is read all the same: a slow link answers
 // most abandoned calls this way.
 func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, keys []string, late func(v any), args ...any) (any, error) {
-	n := s.breaker.nodeFor(ctx, keys[0])
+	return s.runCall(ctx, op, keys[0], func(ctx context.Context) (any, error) {
+		return script.Run(ctx, s.rdb, keys, args...).Result()
+	}, late)
+}
+
+// runCall is runLate for any call on key's node: call runs with the
+// call's deadline.
+func (s *Store) runCall(ctx context.Context, op string, key string, call func(context.Context) (any, error), late func(v any)) (any, error) {
+	n := s.breaker.nodeFor(ctx, key)
 	o := n.outage.Load()
 	if n.down.Load() {
 		return nil, ErrStoreDown
@@ -211,7 +229,7 @@ func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, ke
 	var fate atomic.Int32
 	n.begin(start.UnixNano())
 	go func() {
-		v, err := script.Run(callCtx, s.rdb, keys, args...).Result()
+		v, err := call(callCtx)
 		n.end(time.Now().UnixNano(), err == nil)
 		if fate.CompareAndSwap(callPending, callAnswered) {
 			res <- result{v, err}
@@ -287,6 +305,9 @@ type lease struct {
 	// forgot is set when the lease retired by this call was one Redis had
 	// forgotten: nothing was given back, and what was spent of it charged.
 	forgot bool
+	// unreplicated is set when the call's WAIT (StoreOptions.WaitReplicas)
+	// found fewer replicas holding the lease than asked.
+	unreplicated bool
 }
 
 // leaseAsk is what one lease call asks for.
@@ -342,14 +363,59 @@ func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a le
 	if !a.charge {
 		late = func(v any) { s.undoLate(partition, a, v) }
 	}
-	v, err := s.runLate(ctx, "lease", bucketLease, s.retireKeys(partition, a.retire), late,
-		intervalMicros(l), l.Capacity(), a.want, a.need, s.nowArg(time.Microsecond), a.debt,
+	keys := s.retireKeys(partition, a.retire)
+	args := []any{intervalMicros(l), l.Capacity(), a.want, a.need, s.nowArg(time.Microsecond), a.debt,
 		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent, a.spent, chargeFlag(a.charge), blockMicros(l),
-		a.retire.k, a.retire.g, a.retire.owed, a.retire.owedSince, a.retire.epoch)
+		a.retire.k, a.retire.g, a.retire.owed, a.retire.owedSince, a.retire.epoch}
+	if s.opts.WaitReplicas <= 0 || s.opts.Pipeline == nil || a.charge || a.life <= 0 || a.want <= a.spent {
+		// No lease held past the request in hand: nothing to wait for.
+		v, err := s.runLate(ctx, "lease", bucketLease, keys, late, args...)
+		if err != nil {
+			return lease{}, err
+		}
+		return leaseOf(v)
+	}
+	var acked atomic.Int64
+	v, err := s.runCall(ctx, "lease", keys[0], func(ctx context.Context) (any, error) {
+		v, n, err := s.leaseAndWait(ctx, keys, args)
+		acked.Store(n)
+		return v, err
+	}, late)
 	if err != nil {
 		return lease{}, err
 	}
-	return leaseOf(v)
+	ls, err := leaseOf(v)
+	ls.unreplicated = acked.Load() < int64(s.opts.WaitReplicas)
+	return ls, err
+}
+
+// leaseAndWait runs bucket_lease and then WAIT on one connection, in one
+// round trip: WAIT waits for the replicas to acknowledge the stream up to
+// the connection's last write, so it must follow the lease where the lease
+// ran (an autopipelined call may leave on any connection of the pool).
+// It returns the script's reply and the replicas that acknowledged it.
+func (s *Store) leaseAndWait(ctx context.Context, keys []string, args []any) (any, int64, error) {
+	run := func(eval func(p redis.Pipeliner) *redis.Cmd) (any, int64, error) {
+		p, err := s.opts.Pipeline(ctx, keys[0])
+		if err != nil {
+			return nil, 0, err
+		}
+		cmd := eval(p)
+		w := p.Do(ctx, "WAIT", s.opts.WaitReplicas, max(s.opts.WaitTimeout.Milliseconds(), 1))
+		p.Exec(ctx) // each command's error is its own
+		if err := cmd.Err(); err != nil {
+			return nil, 0, err
+		}
+		n, _ := w.Int64() // a WAIT that failed counts as no replica
+		return cmd.Val(), n, nil
+	}
+	v, n, err := run(func(p redis.Pipeliner) *redis.Cmd { return bucketLease.EvalSha(ctx, p, keys, args...) })
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// A server that lost its scripts (a restart, a failover to a
+		// replica that never loaded them): send the script itself.
+		return run(func(p redis.Pipeliner) *redis.Cmd { return bucketLease.Eval(ctx, p, keys, args...) })
+	}
+	return v, n, err
 }
 
 // leaseOf reads bucket_lease's reply.
