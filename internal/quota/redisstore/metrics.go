@@ -1,6 +1,10 @@
 package redisstore
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/extauthz/extauthz/internal/breaker"
+)
 
 // Metrics are the collectors of the Redis-backed limiters. Create them once
 // per process with NewMetrics; the zero value is not usable.
@@ -111,4 +115,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.TokensReturned, m.LeaseWaits, m.Peers, m.StateLost, m.LeasesForgotten)
 	}
 	return m
+}
+
+// breakerMetrics returns the collectors the breaker writes to.
+func (m *Metrics) breakerMetrics() breaker.Metrics {
+	return breaker.Metrics{Calls: m.Calls, Up: m.Up, Opened: m.BreakerOpened, NodesDown: m.NodesDown}
 }
