@@ -397,7 +397,7 @@ func (s *Store) undoLate(partition string, a leaseAsk, v any) {
 	// granted token goes back, as nothing was spent.
 	h := held{id: ls.id, granted: max(ls.granted-a.spent, 0)}
 	if _, err := s.giveBack(context.Background(), partition, back, h); err == nil {
-		s.opts.Metrics.TokensReturned.WithLabelValues("late").Add(float64(back))
+		s.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnLate)).Add(float64(back))
 	}
 }
 
