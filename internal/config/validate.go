@@ -94,7 +94,7 @@ func validate(r *rawConfig, errs *Errors) *Config {
 			PeerTTL:  DefaultPeerTTL,
 			MinPeers: DefaultMinPeers,
 		},
-		Headers:       Headers{Legacy: r.Headers.Legacy},
+		Headers:       r.Headers,
 		IPTrustedHops: r.IPTrustedHops,
 		IPv4Prefix:    DefaultIPv4Prefix,
 		IPv6Prefix:    DefaultIPv6Prefix,
@@ -258,7 +258,7 @@ func sameAddress(l Listen, errs *Errors) {
 	}
 }
 
-func validateHTTP(r rawHTTP, errs *Errors) HTTP {
+func validateHTTP(r HTTP, errs *Errors) HTTP {
 	h := HTTP{URIHeader: DefaultURIHeader, MethodHeader: DefaultMethodHeader}
 	for _, f := range []struct {
 		path, raw string
@@ -384,7 +384,7 @@ func validateWait(r *rawRedis, rc *Redis, errs *Errors) {
 
 // validateSentinel checks redis.sentinel: the master's name and at least
 // one sentinel.
-func validateSentinel(r *rawSentinel, errs *Errors) *Sentinel {
+func validateSentinel(r *Sentinel, errs *Errors) *Sentinel {
 	if r.MasterName == "" {
 		errs.add("redis.sentinel.master_name", "is required: the name the sentinels monitor the master by (`sentinel monitor <name> ...`)")
 	}

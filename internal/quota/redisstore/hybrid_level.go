@@ -33,6 +33,6 @@ func (h *Hybrid) Level(key string, l quota.Limit) (local.Level, bool) {
 	return lv, true
 }
 
-// Owe keeps units admitted by the fallback, charged with the key's next
-// lease (Table.Owe).
-func (h *Hybrid) Owe(key string, units int64) { h.table.Owe(key, units) }
+// OweUnder keeps units admitted by the fallback under l, charged when
+// Redis answers again (Table.OweUnder).
+func (h *Hybrid) OweUnder(key string, l quota.Limit, units int64) { h.table.OweUnder(key, l, units) }

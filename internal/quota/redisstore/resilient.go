@@ -46,7 +46,7 @@ var _ quota.Limiter = (*Resilient)(nil)
 // redis mode, Hybrid for hybrid mode.
 type LevelSource interface {
 	Level(key string, l quota.Limit) (local.Level, bool)
-	Owe(key string, units int64)
+	OweUnder(key string, l quota.Limit, units int64)
 }
 
 // Breaker tells whether a failed call was Redis going down (Store).
@@ -143,7 +143,7 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		return quota.Decision{}, err
 	}
 	if d.Allowed && owesFallback(l) {
-		r.levels.Owe(key, n) // charged to the Redis bucket when it answers again
+		r.levels.OweUnder(key, l, n) // charged to the Redis bucket when it answers again
 	}
 	d.Degraded = quota.DegradedFallback
 	return d, nil

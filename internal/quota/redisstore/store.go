@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/extauthz/extauthz/internal/breaker"
 	"github.com/extauthz/extauthz/internal/quota"
 	"github.com/extauthz/extauthz/internal/tracing"
 )
@@ -49,12 +50,12 @@ type StoreOptions struct {
 	// own clock, so the algorithm scripts then keep keys a minute at least.
 	Clock func() time.Time
 	// StallAfter, ProbeTimeout and ProbeEvery time the breaker (see the
-	// design note in breaker.go); zero means the Default constants.
+	// design note in package breaker); zero means the Default constants.
 	StallAfter   time.Duration
 	ProbeTimeout time.Duration
 	ProbeEvery   time.Duration
 	// Router, for a Redis Cluster, says which master serves a key: the
-	// breaker then judges each master alone (breaker.go). Nil: one
+	// breaker then judges each master alone (package breaker). Nil: one
 	// breaker for the whole store, as for a standalone server.
 	Router Router
 	// NodeProbe returns the client a Cluster master's probes use: one
@@ -74,19 +75,22 @@ type StoreOptions struct {
 }
 
 // Store runs the limiter scripts against Redis. Every call has a deadline.
-// The breaker (breaker.go) marks Redis down when it is unavailable (a
+// The breaker (package breaker) marks Redis down when it is unavailable (a
 // Cluster: master by master); calls then fail at once with ErrStoreDown,
 // so no decision waits on an unreachable Redis, while a probe tests
 // whether it is back.
 type Store struct {
 	rdb     rediser
 	opts    StoreOptions
-	breaker *breaker
+	breaker *breaker.Breaker
 	// warmed runs after Warm has loaded the scripts: Peers reads the
 	// state's Identity there, so a Redis that comes back having lost what
 	// was written is known as such before the breaker lets decisions
 	// through.
 	warmed atomic.Pointer[func(context.Context)]
+	// debts are the fallback debts charged when a master comes back,
+	// before decisions reach it (chargeDebts).
+	debts atomic.Pointer[Table]
 }
 
 // NewStore returns a Store using rdb and starts its watch; Close stops it.
@@ -113,7 +117,7 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 		opts.Metrics = NewMetrics(nil)
 	}
 	s := &Store{rdb: rdb, opts: opts}
-	s.breaker = newBreaker(&storeProber{probeClient: opts.Probe, nodeProbe: opts.NodeProbe, router: opts.Router}, breakerOptions{
+	s.breaker = breaker.New(newProber(opts), breaker.Options{
 		StallAfter:   opts.StallAfter,
 		ProbeTimeout: opts.ProbeTimeout,
 		ProbeEvery:   opts.ProbeEvery,
@@ -121,16 +125,19 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 		Cluster:      opts.Router != nil,
 		WholeKey:     s.peersKey(),
 		Warm:         s.Warm,
-		Metrics:      opts.Metrics,
+		Metrics:      opts.Metrics.breakerMetrics(),
 		Log:          opts.Log,
 	})
-	s.breaker.start()
+	s.breaker.Start()
 	return s
 }
 
 // Warm loads every script into Redis (on every master of a Cluster), so
 // the first decisions after start-up or a Redis restart do not pay for a
-// NOSCRIPT round trip and a script upload inside their timeout.
+// NOSCRIPT round trip and a script upload inside their timeout. Then,
+// before the breaker lets decisions reach a master that came back, it
+// reads the Redis state (Peers.CheckState) and charges the fallback's
+// debts (chargeDebts).
 func (s *Store) Warm(ctx context.Context) error {
 	for _, sc := range scripts {
 		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
@@ -140,11 +147,12 @@ func (s *Store) Warm(ctx context.Context) error {
 	if fn := s.warmed.Load(); fn != nil {
 		(*fn)(ctx)
 	}
+	s.chargeDebts(ctx)
 	return nil
 }
 
 // Close stops the watch. It does not close the clients.
-func (s *Store) Close() { s.breaker.close() }
+func (s *Store) Close() { s.breaker.Close() }
 
 // AwaitVerdict waits, at most until ctx is done, for the confirmation
 // probe that a failed call for partition started, and reports whether the
@@ -154,7 +162,7 @@ func (s *Store) Close() { s.breaker.close() }
 // is answered as what it may be: a call that ran. (If the slot map moved
 // partition to another master meanwhile, that master's verdict answers.)
 func (s *Store) AwaitVerdict(ctx context.Context, partition string) (down bool) {
-	return s.breaker.awaitVerdict(ctx, s.breaker.nodeFor(ctx, s.key(partition)))
+	return s.breaker.AwaitVerdict(ctx, s.breaker.NodeFor(ctx, s.key(partition)))
 }
 
 // key returns the Redis key of a partition: the prefix, then the partition
@@ -207,9 +215,9 @@ func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, ke
 // runCall is runLate for any call on key's node: call runs with the
 // call's deadline.
 func (s *Store) runCall(ctx context.Context, op string, key string, call func(context.Context) (any, error), late func(v any)) (any, error) {
-	n := s.breaker.nodeFor(ctx, key)
-	o := n.outage.Load()
-	if n.down.Load() {
+	n := s.breaker.NodeFor(ctx, key)
+	o := n.Outage()
+	if n.Down() {
 		return nil, ErrStoreDown
 	}
 	start := time.Now()
@@ -227,10 +235,10 @@ func (s *Store) runCall(ctx context.Context, op string, key string, call func(co
 	// fate settles who has the reply: the decision (callAnswered) or,
 	// once it stopped waiting (callAbandoned), late.
 	var fate atomic.Int32
-	n.begin(start.UnixNano())
+	n.Begin(start.UnixNano())
 	go func() {
 		v, err := call(callCtx)
-		n.end(time.Now().UnixNano(), err == nil)
+		n.End(time.Now().UnixNano(), err == nil)
 		if fate.CompareAndSwap(callPending, callAnswered) {
 			res <- result{v, err}
 			return
@@ -245,8 +253,8 @@ func (s *Store) runCall(ctx context.Context, op string, key string, call func(co
 	select {
 	case r := <-res:
 		v, err, answered = r.v, r.err, true
-	case <-o.ctx.Done():
-		err = o.ctx.Err()
+	case <-o.Done():
+		err = o.Err()
 	case <-callCtx.Done():
 		err = callCtx.Err()
 	}
@@ -260,7 +268,7 @@ func (s *Store) runCall(ctx context.Context, op string, key string, call func(co
 	switch {
 	case err == nil:
 		s.opts.Metrics.Calls.WithLabelValues(op, "ok").Inc()
-	case o.ctx.Err() != nil:
+	case o.Err() != nil:
 		s.opts.Metrics.Calls.WithLabelValues(op, "abandoned").Inc()
 		err = ErrStoreDown
 	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
@@ -271,7 +279,7 @@ func (s *Store) runCall(ctx context.Context, op string, key string, call func(co
 		s.opts.Metrics.Calls.WithLabelValues(op, "error").Inc()
 	default:
 		s.opts.Metrics.Calls.WithLabelValues(op, resultOf(err)).Inc()
-		s.breaker.suspect(n, err)
+		s.breaker.Suspect(n, err)
 	}
 	tracing.RedisCall(ctx, op, start, done, err) // a child of the Check's span, when one records
 	return v, err
@@ -462,7 +470,7 @@ func (s *Store) undoLate(partition string, a leaseAsk, v any) {
 	// granted token goes back, as nothing was spent.
 	h := held{id: ls.id, granted: max(ls.granted-a.spent, 0)}
 	if _, err := s.giveBack(context.Background(), partition, back, h); err == nil {
-		s.opts.Metrics.TokensReturned.WithLabelValues("late").Add(float64(back))
+		s.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnLate)).Add(float64(back))
 	}
 }
 
@@ -571,7 +579,7 @@ func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration, pro
 // leave removes replica id from the heartbeat set at shutdown, so peers
 // stop counting it at once rather than after the ttl.
 func (s *Store) leave(ctx context.Context, id string) error {
-	if s.breaker.nodeFor(ctx, s.peersKey()).down.Load() {
+	if s.breaker.NodeFor(ctx, s.peersKey()).Down() {
 		return ErrStoreDown
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout*5)
