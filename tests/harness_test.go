@@ -248,6 +248,7 @@ type sidecar struct {
 	config string // path of its configuration file
 	logs   *testredis.LogBuffer
 	done   chan error
+	term   sync.Once // SIGTERM is sent once (terminate)
 }
 
 // startSidecar writes cfg to a file and runs `extauthz serve` on it. The
@@ -337,8 +338,10 @@ func startProcess(t *testing.T, bin, path string, env []string, extraArgs ...str
 		t.Fatal(err)
 	}
 	s.Client = authv3.NewAuthorizationClient(s.conn)
+	running.add(t, s)
 	t.Cleanup(func() {
 		s.conn.Close()
+		running.terminate(t)
 		s.stop()
 		if t.Failed() {
 			t.Logf("extauthz log (%s):\n%s", s.GRPC, tail(s.logs.String(), 40))
@@ -347,12 +350,48 @@ func startProcess(t *testing.T, bin, path string, env []string, extraArgs ...str
 	return s
 }
 
-// stop sends SIGTERM and waits for the process; it kills it after 15s.
+// running holds the sidecars each test started, so that the first of
+// their cleanups sends every one of them SIGTERM at once. Each then
+// drains for the shipped drain delay (700ms) before it exits: stopped one
+// after another, as the cleanups run, three replicas spent over 2s of
+// every test that starts them in drains that overlap as well.
+var running = &testSidecars{m: map[*testing.T][]*sidecar{}}
+
+type testSidecars struct {
+	mu sync.Mutex
+	m  map[*testing.T][]*sidecar
+}
+
+func (r *testSidecars) add(t *testing.T, s *sidecar) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.m[t] = append(r.m[t], s)
+}
+
+// terminate sends SIGTERM to every sidecar t started (once each; one
+// that has exited ignores it) and forgets them; their cleanups wait.
+func (r *testSidecars) terminate(t *testing.T) {
+	r.mu.Lock()
+	all := r.m[t]
+	delete(r.m, t)
+	r.mu.Unlock()
+	for _, s := range all {
+		s.terminate()
+	}
+}
+
+// terminate sends the process SIGTERM, the first time it is called.
+func (s *sidecar) terminate() {
+	s.term.Do(func() { s.cmd.Process.Signal(syscall.SIGTERM) })
+}
+
+// stop sends SIGTERM (unless terminate has) and waits for the process; it
+// kills it after 15s.
 func (s *sidecar) stop() error {
 	if s.cmd.ProcessState != nil {
 		return nil
 	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.terminate()
 	select {
 	case err := <-s.done:
 		s.done <- err
