@@ -386,11 +386,10 @@ func (s *sidecar) terminate() {
 }
 
 // stop sends SIGTERM (unless terminate has) and waits for the process; it
-// kills it after 15s.
+// kills it after 15s. It returns how the process exited (and so does
+// every later call). It reads the exit from done, never
+// cmd.ProcessState, which the log reader's cmd.Wait writes.
 func (s *sidecar) stop() error {
-	if s.cmd.ProcessState != nil {
-		return nil
-	}
 	s.terminate()
 	select {
 	case err := <-s.done:
@@ -470,29 +469,12 @@ outer:
 // detector) and returns its summary. args are further loadgen flags.
 func runLoadgen(t *testing.T, replicas []*sidecar, n, workers int, args ...string) loadgen.Result {
 	t.Helper()
-	return runLoadgenAs(t, nil, replicas, n, workers, args...)
-}
-
-// niceIdle runs a command at a low CPU priority (nice 10, a scheduling
-// weight of 110 to a normal process's 1,024): where the cores are
-// contended it takes about a tenth of a normal share, and all the time
-// the others leave idle. For work whose claim is not about time (the
-// volume tests' memory) run beside tests whose Redis calls must answer
-// within the shipped timeouts. (At nice 19 a volume run starved for
-// minutes on a machine loaded by other work.)
-var niceIdle = []string{"nice", "-n", "10"}
-
-// runLoadgenAs is runLoadgen with loadgen's command line prefixed by
-// prefix (niceIdle, or nothing).
-func runLoadgenAs(t *testing.T, prefix []string, replicas []*sidecar, n, workers int, args ...string) loadgen.Result {
-	t.Helper()
 	targets := make([]string, len(replicas))
 	for i, r := range replicas {
 		targets[i] = r.GRPC
 	}
 	all := append([]string{"-targets", strings.Join(targets, ","), "-n", fmt.Sprint(n), "-c", fmt.Sprint(workers)}, args...)
-	argv := append(append(append([]string(nil), prefix...), loadgenBinary), all...)
-	out, err := exec.Command(argv[0], argv[1:]...).Output()
+	out, err := exec.Command(loadgenBinary, all...).Output()
 	if err != nil {
 		var stderr string
 		if ee, ok := err.(*exec.ExitError); ok {
