@@ -63,6 +63,19 @@ func anchorStatus(resp *rlsv3.RateLimitResponse) int {
 	return 429
 }
 
+// decidedWindow is the start of the one-second window a reply was
+// decided in, from the time it left until the window resets, as it
+// arrives (within the call's latency of the decision); zero when the
+// reply does not say.
+func decidedWindow(resp *rlsv3.RateLimitResponse) time.Time {
+	for _, st := range resp.GetStatuses() {
+		if r := st.GetDurationUntilReset(); r != nil {
+			return time.Now().Add(r.AsDuration()).Round(time.Second).Add(-time.Second)
+		}
+	}
+	return time.Time{}
+}
+
 // rlsMode makes calls to the rate limit service at addrs, round robin.
 func rlsMode(t *testing.T, name, proxy string, addrs []string) *modeUnderFault {
 	t.Helper()
@@ -76,9 +89,9 @@ func rlsMode(t *testing.T, name, proxy string, addrs []string) *modeUnderFault {
 		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
 	}
 	return &modeUnderFault{mode: name, proxy: proxy, exact: windowExact,
-		call: func(ctx context.Context, i, key int) (int, error) {
+		call: func(ctx context.Context, i, key int) (int, time.Time, error) {
 			resp, err := clients[i%len(clients)].ShouldRateLimit(ctx, anchorRequest(ctx, key))
-			return anchorStatus(resp), err
+			return anchorStatus(resp), decidedWindow(resp), err
 		}}
 }
 
@@ -190,13 +203,7 @@ func TestAnchorUnderNetworkFaults(t *testing.T) {
 	ours := rlsMode(t, "extauthz redis mode (rate limit service door)", "ours", addrs)
 	ours.replicas = replicas
 	ours.server = ours.serverSideOf("rls")
-	ours.degraded = func() float64 {
-		var n float64
-		for _, r := range replicas {
-			n += r.metric("extauthz_degraded_decisions_total")
-		}
-		return n
-	}
+	ours.degraded = degradedOf(replicas)
 
 	var rows []string
 	for i, f := range faultMatrix {

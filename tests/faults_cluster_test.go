@@ -69,21 +69,7 @@ func TestNetworkFaultsOnOneClusterMaster(t *testing.T) {
 			replicas = append(replicas, startProcess(t, fastBinary, writeConfig(t, cfg), nil))
 		}
 		waitPeers(t, replicas, 3)
-		m := &modeUnderFault{mode: mode, proxy: "master0", replicas: replicas, exact: bucketExact}
-		m.call = func(ctx context.Context, i, key int) (int, error) {
-			req := envoyRequest{sourceIP: fmt.Sprintf("10.%d.0.%d", sourceNet(ctx), key+1)}.build()
-			resp, err := replicas[i%len(replicas)].Client.Check(ctx, req)
-			return httpStatus(resp), err
-		}
-		m.server = m.serverSide
-		m.degraded = func() float64 {
-			var n float64
-			for _, r := range replicas {
-				n += r.metric("extauthz_degraded_decisions_total")
-			}
-			return n
-		}
-		modes = append(modes, m)
+		modes = append(modes, checkMode(mode, "master0", replicas))
 	}
 	var rows []string
 	for i, f := range faultMatrix {

@@ -107,6 +107,18 @@ type faultRun struct {
 	counted            bool // the process counts degraded decisions
 	recovery           time.Duration
 	recovered          bool
+	// admissions are the calls answered 200, by when each was sent and
+	// its key, and faultAt, clearedAt when the toxics went on and off: for
+	// a count per window (TestWindowUnderNetworkFaults).
+	admissions         []admission
+	faultAt, clearedAt time.Time
+}
+
+// admission is one call answered 200: when it was sent, the start of the
+// window the reply says it was decided in (zero: not said), for which key.
+type admission struct {
+	at, window time.Time
+	key        int
 }
 
 // faultPlan times a run: load alone, then the fault, then load alone.
@@ -127,8 +139,9 @@ type modeUnderFault struct {
 	proxy    string
 	replicas []*sidecar
 	// call makes the i-th decision, for key, and returns the HTTP status
-	// Envoy would send.
-	call func(ctx context.Context, i, key int) (status int, err error)
+	// Envoy would send and, where the reply says (the rate limit service
+	// door's window reset), the start of the window it was decided in.
+	call func(ctx context.Context, i, key int) (status int, window time.Time, err error)
 	// exact is what one exact limiter per key admits at most, over keys
 	// loaded above the limit from start to end.
 	exact func(keys int, start, end time.Time) int
@@ -163,21 +176,32 @@ func startModeBehindProxy(t *testing.T, x *toxiproxy, mode string) *modeUnderFau
 		replicas = append(replicas, startProcess(t, bin, writeConfig(t, defaultsConfig(addr, mode, faultPolicy)), nil))
 	}
 	waitPeers(t, replicas, 3)
-	m := &modeUnderFault{mode: mode, proxy: mode, replicas: replicas, exact: bucketExact}
-	m.call = func(ctx context.Context, i, key int) (int, error) {
+	return checkMode(mode, mode, replicas)
+}
+
+// checkMode is the side of a run that sends the load to replicas through
+// the Check door (one source address per key, round robin over the
+// replicas), behind the proxy named proxy.
+func checkMode(mode, proxy string, replicas []*sidecar) *modeUnderFault {
+	m := &modeUnderFault{mode: mode, proxy: proxy, replicas: replicas, exact: bucketExact, degraded: degradedOf(replicas)}
+	m.call = func(ctx context.Context, i, key int) (int, time.Time, error) {
 		req := envoyRequest{sourceIP: fmt.Sprintf("10.%d.0.%d", sourceNet(ctx), key+1)}.build()
 		resp, err := replicas[i%len(replicas)].Client.Check(ctx, req)
-		return httpStatus(resp), err
+		return httpStatus(resp), time.Time{}, err
 	}
 	m.server = m.serverSide
-	m.degraded = func() float64 {
+	return m
+}
+
+// degradedOf reads the degraded decisions the replicas counted.
+func degradedOf(replicas []*sidecar) func() float64 {
+	return func() float64 {
 		var n float64
 		for _, r := range replicas {
 			n += r.metric("extauthz_degraded_decisions_total")
 		}
 		return n
 	}
-	return m
 }
 
 func (m *modeUnderFault) readDegraded() float64 {
@@ -252,6 +276,9 @@ func (m *modeUnderFault) serverSideAt(door string) serverSide {
 func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault, plan faultPlan) []*faultRun {
 	t.Helper()
 	type smp struct {
+		began   time.Time
+		window  time.Time
+		key     int
 		latency time.Duration
 		status  int
 		err     error
@@ -285,8 +312,8 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 					key := (i / 3) % plan.keys // round robin over three replicas, then keys
 					ctx, cancel := context.WithTimeout(netCtx, envoyTimeout)
 					began := time.Now()
-					status, err := m.call(ctx, i, key)
-					s := smp{latency: time.Since(began), err: err}
+					status, window, err := m.call(ctx, i, key)
+					s := smp{began: began, window: window, key: key, latency: time.Since(began), err: err}
 					cancel()
 					if err == nil {
 						s.status = status
@@ -331,6 +358,7 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 		}
 	}
 	time.Sleep(plan.before) // the load runs healthy first
+	faultAt := time.Now()
 	for _, p := range proxies {
 		x.add(p, f.toxics...)
 	}
@@ -348,7 +376,7 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 
 	var out []*faultRun
 	for mi, m := range modes {
-		run := &faultRun{mode: m.mode, elapsed: elapsed, degraded: m.readDegraded() - degradedBefore[mi], counted: m.degraded != nil}
+		run := &faultRun{mode: m.mode, elapsed: elapsed, degraded: m.readDegraded() - degradedBefore[mi], counted: m.degraded != nil, faultAt: faultAt, clearedAt: cleared}
 		sv := m.readServer()
 		run.server = serverSide{sv.failed - serverBefore[mi].failed, sv.slow - serverBefore[mi].slow}
 		// Every key is loaded above its rate from the first instant to
@@ -366,6 +394,7 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 			}
 			if s.status == 200 {
 				run.allowed++
+				run.admissions = append(run.admissions, admission{s.began, s.window, s.key})
 			}
 			lat = append(lat, s.latency)
 		}

@@ -493,7 +493,7 @@ func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, nee
 		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: want, need: need, debt: debt, life: h.opts.LeaseTTL, peers: peers, spent: spent, retire: old})
 		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: h.opts.LeaseTTL, k: ls.k, g: ls.g, forgot: ls.forgot}, err
 	}
-	w, err := h.store.leaseWindow(ctx, key, l, want, need, peers, old)
+	w, err := h.store.leaseWindow(ctx, key, l, want, need, peers, old, holdFrom(ctx))
 	return leased{granted: w.granted, remaining: w.Remaining, id: w.id, wait: w.RetryAfter, full: w.ResetAfter, life: min(w.left, h.opts.LeaseTTL)}, err
 }
 

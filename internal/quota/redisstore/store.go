@@ -72,6 +72,10 @@ type Store struct {
 	rdb     rediser
 	opts    StoreOptions
 	breaker *breaker
+	// answered is when Redis last answered a call, down when it was last
+	// out of reach, downSince when it was first out of reach after that
+	// answer (unix ns; DownAt, DownSince).
+	answered, down, downSince atomic.Int64
 	// warmed runs after Warm has loaded the scripts: Peers reads the
 	// state's Identity there, so a Redis that comes back having lost what
 	// was written is known as such before the breaker lets decisions
@@ -130,6 +134,11 @@ func (s *Store) Warm(ctx context.Context) error {
 	if fn := s.warmed.Load(); fn != nil {
 		(*fn)(ctx)
 	}
+	if s.down.Load() != 0 {
+		// The breaker lets Redis back after this: it was out of reach
+		// until now (DownAt).
+		s.down.Store(time.Now().UnixNano())
+	}
 	return nil
 }
 
@@ -145,6 +154,39 @@ func (s *Store) Close() { s.breaker.close() }
 // partition to another master meanwhile, that master's verdict answers.)
 func (s *Store) AwaitVerdict(ctx context.Context, partition string) (down bool) {
 	return s.breaker.awaitVerdict(ctx, s.breaker.nodeFor(ctx, s.key(partition)))
+}
+
+// markDown records that a call found Redis out of reach at t (refused
+// or abandoned because its node was marked down): DownAt, DownSince.
+func (s *Store) markDown(t time.Time) {
+	ns := t.UnixNano()
+	s.down.Store(ns)
+	if s.downSince.Load() <= s.answered.Load() {
+		s.downSince.Store(ns) // the first since Redis last answered
+	}
+}
+
+// DownAt is the last instant Redis was known out of this store's reach
+// (on a Cluster, any master's): a call refused or abandoned because it
+// was marked down, or the moment the breaker let it back (Warm). Zero:
+// never. Resilient.hold reads it.
+func (s *Store) DownAt() time.Time {
+	if ns := s.down.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// DownSince is when Redis went out of this store's reach, if it has not
+// answered a call since (zero: it has, or it never was): a window that
+// began after it is the fallback's alone, as far as this replica can
+// tell (Resilient.windowLevel).
+func (s *Store) DownSince() time.Time {
+	since := s.downSince.Load()
+	if since == 0 || since <= s.answered.Load() {
+		return time.Time{}
+	}
+	return time.Unix(0, since)
 }
 
 // key returns the Redis key of a partition: the prefix, then the partition
@@ -192,6 +234,7 @@ func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, ke
 	n := s.breaker.nodeFor(ctx, keys[0])
 	o := n.outage.Load()
 	if n.down.Load() {
+		s.markDown(time.Now())
 		return nil, ErrStoreDown
 	}
 	start := time.Now()
@@ -212,7 +255,11 @@ func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, ke
 	n.begin(start.UnixNano())
 	go func() {
 		v, err := script.Run(callCtx, s.rdb, keys, args...).Result()
-		n.end(time.Now().UnixNano(), err == nil)
+		at := time.Now().UnixNano()
+		n.end(at, err == nil)
+		if err == nil {
+			s.answered.Store(at)
+		}
 		if fate.CompareAndSwap(callPending, callAnswered) {
 			res <- result{v, err}
 			return
@@ -244,6 +291,7 @@ func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, ke
 		s.opts.Metrics.Calls.WithLabelValues(op, "ok").Inc()
 	case o.ctx.Err() != nil:
 		s.opts.Metrics.Calls.WithLabelValues(op, "abandoned").Inc()
+		s.markDown(done)
 		err = ErrStoreDown
 	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 		// The caller went away; that says nothing about Redis.
@@ -454,13 +502,14 @@ type windowLease struct {
 // partition under l (a fixed or sliding window), at most half of what
 // fits over peers replicas, after giving back the unspent units of the
 // lease in back.
-func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit, want, need, peers int64, back held) (windowLease, error) {
+func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit, want, need, peers int64, back held, hold windowHold) (windowLease, error) {
 	key := []string{s.algorithmKey(partition, l.Algorithm)}
 	script, name := fixedWindowScript, "fixed_window"
 	if l.Algorithm == quota.SlidingWindow {
 		script, name = slidingWindowScript, "sliding_window"
 	}
-	v, err := s.run(ctx, "lease", script, key, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), want, need, peers, back.id, back.unspent, "", blockMicros(l))
+	late := func(v any) { s.undoWindowLate(partition, l, v) }
+	v, err := s.runLate(ctx, "lease", script, key, late, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), want, need, peers, back.id, back.unspent, "", blockMicros(l), hold.units, hold.start)
 	if err != nil {
 		return windowLease{}, err
 	}
