@@ -115,7 +115,23 @@ func overWindows(r *faultRun, limit int) string {
 	}
 	slices.Sort(lines)
 	if len(lines) == 0 {
-		return "  none"
+		lines = append(lines, "  none")
 	}
+	// And every window's admissions over the keys, to show where a run
+	// fell short of the limit.
+	perWindow := map[time.Time]int{}
+	for k, sent := range counts {
+		perWindow[k.w] += len(sent)
+	}
+	var ws []time.Time
+	for w := range perWindow {
+		ws = append(ws, w)
+	}
+	slices.SortFunc(ws, func(a, b time.Time) int { return a.Compare(b) })
+	var all []string
+	for _, w := range ws {
+		all = append(all, fmt.Sprintf("%+.1fs: %d", w.Sub(r.faultAt).Seconds(), perWindow[w]))
+	}
+	lines = append(lines, "  every window, from when it began after the fault did: "+strings.Join(all, ", "))
 	return strings.Join(lines, "\n")
 }

@@ -684,7 +684,15 @@ func (h *Hybrid) giveBack(ctx context.Context, g giveback) {
 		if g.lease.unspent <= 0 {
 			return // a window lease ends with its window: nothing to retire
 		}
-		err = h.store.refund(ctx, g.key, quota.Limit{Algorithm: g.algorithm, Window: g.window}, g.lease.unspent)
+		l := quota.Limit{Algorithm: g.algorithm, Window: g.window}
+		if g.lease.id == 0 {
+			err = h.store.refund(ctx, g.key, l, g.lease.unspent) // a refund, made with its decision
+		} else {
+			// To the window the lease was counted in (its id), and only
+			// there: a lease given back a window later must not credit a
+			// window that never counted it.
+			err = h.store.giveBackWindow(ctx, g.key, l, g.lease.id, g.lease.unspent)
+		}
 	}
 	if err != nil {
 		return // the lease ends by itself; a lost return only under-uses the count

@@ -37,15 +37,16 @@ type Resilient struct {
 	// its key's share empty as of the decision's time, refilled until
 	// then (local.StartEmpty). Read on failures only.
 	clock func() time.Time
-	// downAt and downSince say when Redis was last out of this replica's
-	// reach and since when it has been without answering (Store.DownAt,
-	// Store.DownSince; nil: never known), for windows (windowLevel, hold).
-	downAt, downSince func() time.Time
+	// downUntil and downSince say until when Redis may be out of the
+	// replicas' reach and since when it has been without answering this
+	// one (Store.DownUntil, Store.DownSince; nil: never known), for
+	// windows (windowLevel, hold).
+	downUntil, downSince func() time.Time
 }
 
 // outageClock is what a Breaker may also tell: Store's.
 type outageClock interface {
-	DownAt() time.Time
+	DownUntil() time.Time
 	DownSince() time.Time
 }
 
@@ -74,7 +75,7 @@ type Breaker interface {
 func NewResilient(primary quota.Limiter, levels LevelSource, fallback *local.Fallback, peers PeerCounter, breaker Breaker) *Resilient {
 	r := &Resilient{primary: primary, levels: levels, fallback: fallback, peers: peers, breaker: breaker, clock: time.Now}
 	if c, ok := breaker.(outageClock); ok {
-		r.downAt, r.downSince = c.DownAt, c.DownSince
+		r.downUntil, r.downSince = c.DownUntil, c.DownSince
 	}
 	return r
 }
@@ -229,8 +230,9 @@ func (r *Resilient) windowLevel(l quota.Limit, level *local.Level, ran bool, now
 // hold is what a call to Redis for key's window (fixed or sliding) under
 // l at now holds out of the window's room: what this replica's fallback
 // admitted of the key in this window, which Redis never counted, and,
-// when Redis was out of this replica's reach at some instant of the
-// window, what the other replicas' fallbacks may have admitted of it
+// when Redis may have been out of the replicas' reach at some instant of
+// the window (Store.DownUntil: out of this one's, or within a probe round
+// after), what the other replicas' fallbacks may have admitted of it
 // meanwhile, a share each (quota.Share): an outage takes Redis from every
 // replica alike, each replica's breaker lets Redis back at an instant of
 // its own, and a replica cannot know what the others admitted, only that
@@ -242,7 +244,7 @@ func (r *Resilient) windowLevel(l quota.Limit, level *local.Level, ran bool, now
 func (r *Resilient) hold(key string, l quota.Limit, now time.Time) windowHold {
 	h := windowHold{start: windowStartMicros(l, now)}
 	h.units = r.levels.FellBackIn(key, h.start)
-	if r.downAt != nil && r.downAt().UnixMicro() >= h.start {
+	if r.downUntil != nil && r.downUntil().UnixMicro() >= h.start {
 		peers := max(r.peers.Count(), 1)
 		h.units += (peers - 1) * quota.Share(l, peers).Limit
 	}

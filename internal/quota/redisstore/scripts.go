@@ -219,16 +219,27 @@ func (s *Store) undoWindowLate(partition string, l quota.Limit, v any) {
 	if granted <= 0 {
 		return
 	}
+	if s.giveBackWindow(context.Background(), partition, l, ws, granted) == nil {
+		s.opts.Metrics.TokensReturned.WithLabelValues("late").Add(float64(granted))
+	}
+}
+
+// giveBackWindow gives units back to the window of partition under l (a
+// fixed or sliding window) that starts at ws (unix µs): to that window's
+// count, or a sliding window's previous count once it has ended, and
+// nowhere else. (window_refund.lua gives back to the window current when
+// it runs, right for a refund made with the decision, not for units
+// counted a window or more before.) Only l's algorithm and window are
+// read: the script's take is of nothing (want and need 0), so its limit
+// decides nothing, and nothing is blocked (no block_for).
+func (s *Store) giveBackWindow(ctx context.Context, partition string, l quota.Limit, ws, units int64) error {
 	script := fixedWindowScript
 	if l.Algorithm == quota.SlidingWindow {
 		script = slidingWindowScript
 	}
-	// want and need 0: nothing is taken, nor blocked (no block_for).
-	_, err := s.run(context.Background(), "return", script, []string{s.algorithmKey(partition, l.Algorithm)},
-		windowMicros(l), l.Limit, s.nowArg(time.Microsecond), 0, 0, "", ws, granted, "", "")
-	if err == nil {
-		s.opts.Metrics.TokensReturned.WithLabelValues("late").Add(float64(granted))
-	}
+	_, err := s.run(ctx, "return", script, []string{s.algorithmKey(partition, l.Algorithm)},
+		windowMicros(l), l.Limit, s.nowArg(time.Microsecond), 0, 0, "", ws, units, "", "")
+	return err
 }
 
 // chargeArg is the scripts' charge flag: "1" when a take of units under l

@@ -134,11 +134,13 @@ func (s *Store) Warm(ctx context.Context) error {
 	if fn := s.warmed.Load(); fn != nil {
 		(*fn)(ctx)
 	}
+	now := time.Now().UnixNano()
 	if s.down.Load() != 0 {
 		// The breaker lets Redis back after this: it was out of reach
-		// until now (DownAt).
-		s.down.Store(time.Now().UnixNano())
+		// until now (DownUntil).
+		s.down.Store(now)
 	}
+	s.answered.Store(now) // it answered (DownSince)
 	return nil
 }
 
@@ -166,13 +168,16 @@ func (s *Store) markDown(t time.Time) {
 	}
 }
 
-// DownAt is the last instant Redis was known out of this store's reach
-// (on a Cluster, any master's): a call refused or abandoned because it
-// was marked down, or the moment the breaker let it back (Warm). Zero:
-// never. Resilient.hold reads it.
-func (s *Store) DownAt() time.Time {
+// DownUntil is until when Redis may still be out of the other replicas'
+// reach, as far as this one can tell: the last instant it was out of
+// this store's reach (on a Cluster, any master's; a call refused or
+// abandoned because it was marked down, or the moment the breaker let it
+// back, Warm), plus the longest another replica's breaker may stay open
+// after Redis is back for all (a probe round: ProbeEvery and
+// ProbeTimeout). Zero: never down. Resilient.hold reads it.
+func (s *Store) DownUntil() time.Time {
 	if ns := s.down.Load(); ns != 0 {
-		return time.Unix(0, ns)
+		return time.Unix(0, ns).Add(s.opts.ProbeEvery + s.opts.ProbeTimeout)
 	}
 	return time.Time{}
 }
