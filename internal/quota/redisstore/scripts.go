@@ -220,7 +220,7 @@ func (s *Store) undoWindowLate(partition string, l quota.Limit, v any) {
 		return
 	}
 	if s.giveBackWindow(context.Background(), partition, l, ws, granted) == nil {
-		s.opts.Metrics.TokensReturned.WithLabelValues("late").Add(float64(granted))
+		s.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnLate)).Add(float64(granted))
 	}
 }
 
