@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -195,7 +194,7 @@ func TestAnchorUnderNetworkFaults(t *testing.T) {
 	var replicas []*sidecar
 	var addrs []string
 	for range 3 {
-		r := startProcess(t, fastBinary, writeConfig(t, defaultsConfig(oursAddr, "redis", section)), nil)
+		r := startProcess(t, faultBinary(), writeConfig(t, defaultsConfig(oursAddr, "redis", section)), nil)
 		replicas = append(replicas, r)
 		addrs = append(addrs, r.GRPC)
 	}
@@ -205,26 +204,16 @@ func TestAnchorUnderNetworkFaults(t *testing.T) {
 	ours.server = ours.serverSideOf("rls")
 	ours.degraded = degradedOf(replicas)
 
-	var rows []string
-	for i, f := range faultMatrix {
-		if *faultsOnly != "" && !strings.Contains(f.name, *faultsOnly) {
-			continue
-		}
-		t.Run(strings.ReplaceAll(f.name, " ", "_"), func(t *testing.T) {
-			plan := defaultFaultPlan
-			plan.sourceNet = 200 + i
-			runs := runNetFault(t, x, []*modeUnderFault{ours, anchor}, f, plan)
-			for _, r := range runs {
-				rows = append(rows, r.row(f.name, runs[0]))
-				t.Log(rows[len(rows)-1])
-			}
+	faultSuite{
+		sourceNet: 200,
+		header:    "| fault | service | gRPC errors | admitted / one exact window | vs extauthz | p50 / p99 | degraded | back to Redis after the fault |\n|---|---|---|---|---|---|---|---|",
+		check: func(t *testing.T, runs []*faultRun, _ faultPlan) {
 			if o := runs[0]; o.errors > 0 {
 				t.Errorf("extauthz: %d gRPC errors of %d decisions (first: %v); want none", o.errors, o.decisions, o.firstError)
 			}
 			if o := runs[0]; o.allowed > o.exact {
 				t.Errorf("extauthz admitted %d; one exact window per key allows at most %d", o.allowed, o.exact)
 			}
-		})
-	}
-	t.Logf("| fault | service | gRPC errors | admitted / one exact window | vs extauthz | p50 / p99 | degraded | back to Redis after the fault |\n|---|---|---|---|---|---|---|---|\n%s", strings.Join(rows, "\n"))
+		},
+	}.run(t, x, []*modeUnderFault{ours, anchor})
 }

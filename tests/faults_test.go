@@ -108,10 +108,11 @@ type faultRun struct {
 	recovery           time.Duration
 	recovered          bool
 	// admissions are the calls answered 200, by when each was sent and
-	// its key, and faultAt, clearedAt when the toxics went on and off: for
-	// a count per window (TestWindowUnderNetworkFaults).
-	admissions         []admission
-	faultAt, clearedAt time.Time
+	// its key, faultAt, clearedAt when the toxics went on and off and
+	// endAt when the load stopped: for a count per window
+	// (TestWindowUnderNetworkFaults).
+	admissions                []admission
+	faultAt, clearedAt, endAt time.Time
 }
 
 // admission is one call answered 200: when it was sent, the start of the
@@ -167,16 +168,22 @@ func startModeBehindProxy(t *testing.T, x *toxiproxy, mode string) *modeUnderFau
 	t.Helper()
 	srv := testredis.Start(t)
 	addr := x.proxy(mode, srv.Addr)
-	bin := fastBinary
-	if *faultsBinary != "" {
-		bin = *faultsBinary
-	}
 	var replicas []*sidecar
 	for range 3 {
-		replicas = append(replicas, startProcess(t, bin, writeConfig(t, defaultsConfig(addr, mode, faultPolicy)), nil))
+		replicas = append(replicas, startProcess(t, faultBinary(), writeConfig(t, defaultsConfig(addr, mode, faultPolicy)), nil))
 	}
 	waitPeers(t, replicas, 3)
 	return checkMode(mode, mode, replicas)
+}
+
+// faultBinary is the extauthz the fault runs start: -faults.binary, else
+// this tree's, built without the race detector (the runs measure rates
+// and latencies).
+func faultBinary() string {
+	if *faultsBinary != "" {
+		return *faultsBinary
+	}
+	return fastBinary
 }
 
 // checkMode is the side of a run that sends the load to replicas through
@@ -376,7 +383,7 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 
 	var out []*faultRun
 	for mi, m := range modes {
-		run := &faultRun{mode: m.mode, elapsed: elapsed, degraded: m.readDegraded() - degradedBefore[mi], counted: m.degraded != nil, faultAt: faultAt, clearedAt: cleared}
+		run := &faultRun{mode: m.mode, elapsed: elapsed, degraded: m.readDegraded() - degradedBefore[mi], counted: m.degraded != nil, faultAt: faultAt, clearedAt: cleared, endAt: end}
 		sv := m.readServer()
 		run.server = serverSide{sv.failed - serverBefore[mi].failed, sv.slow - serverBefore[mi].slow}
 		// Every key is loaded above its rate from the first instant to
@@ -483,19 +490,41 @@ func TestNetworkFaults(t *testing.T) {
 	serial(t, "it measures decisions through an injected latency of 80ms ±40ms at the breaker's defaults: other tests' load would add latency of its own")
 	x := startToxiproxy(t)
 	modes := []*modeUnderFault{startModeBehindProxy(t, x, "redis"), startModeBehindProxy(t, x, "hybrid")}
+	faultSuite{
+		short:     faultsShort,
+		sourceNet: 100,
+		header:    "| fault | mode | gRPC errors (at the replicas: failed, over 250ms) | admitted / one exact bucket | vs redis mode | p50 / p99 | degraded | back to Redis after the fault |\n|---|---|---|---|---|---|---|---|",
+		check:     func(t *testing.T, runs []*faultRun, plan faultPlan) { checkNetFault(t, runs, plan.keys) },
+	}.run(t, x, modes)
+}
+
+// faultSuite is one test's walk over the fault matrix: which faults it
+// runs, with and without -faults.full, how its table names them and what
+// it checks of each.
+type faultSuite struct {
+	faults []string // the matrix's faults it runs (nil: every one)
+	short  []string // of those, the ones it runs without -faults.full
+	label  string   // added to each fault's name in the table
+	// sourceNet is the first fault's source network: the i-th fault of
+	// the matrix loads 10.<sourceNet+i>.0.x, fresh keys for each.
+	sourceNet int
+	header    string // the table's header rows
+	// check asserts the contract on one fault's runs (modes' order).
+	check func(t *testing.T, runs []*faultRun, plan faultPlan)
+}
+
+// run runs s's faults at modes side by side, a subtest each, and logs
+// the rows of the table.
+func (s faultSuite) run(t *testing.T, x *toxiproxy, modes []*modeUnderFault) {
+	t.Helper()
 	var rows []string
 	for i, f := range faultMatrix {
-		switch {
-		case *faultsOnly != "":
-			if !strings.Contains(f.name, *faultsOnly) {
-				continue
-			}
-		case !*faultsFull && !slices.Contains(faultsShort, f.name):
+		if !s.picks(f.name) {
 			continue
 		}
 		t.Run(strings.ReplaceAll(f.name, " ", "_"), func(t *testing.T) {
 			plan := defaultFaultPlan
-			plan.sourceNet = 100 + i // fresh buckets for each fault
+			plan.sourceNet = s.sourceNet + i
 			if f.keys > 0 {
 				plan.keys = f.keys
 			}
@@ -504,11 +533,25 @@ func TestNetworkFaults(t *testing.T) {
 			}
 			runs := runNetFault(t, x, modes, f, plan)
 			for _, r := range runs {
-				rows = append(rows, r.row(f.name, runs[0]))
+				rows = append(rows, r.row(f.name+s.label, runs[0]))
 				t.Log(rows[len(rows)-1])
 			}
-			checkNetFault(t, runs, plan.keys)
+			s.check(t, runs, plan)
 		})
 	}
-	t.Logf("| fault | mode | gRPC errors (at the replicas: failed, over 250ms) | admitted / one exact bucket | vs redis mode | p50 / p99 | degraded | back to Redis after the fault |\n|---|---|---|---|---|---|---|---|\n%s", strings.Join(rows, "\n"))
+	t.Logf("%s\n%s", s.header, strings.Join(rows, "\n"))
+}
+
+// picks says whether s runs the fault named name: one of its faults,
+// and then one -faults.only names, else any with -faults.full, else one
+// of its short ones.
+func (s faultSuite) picks(name string) bool {
+	switch {
+	case s.faults != nil && !slices.Contains(s.faults, name):
+		return false
+	case *faultsOnly != "":
+		return strings.Contains(name, *faultsOnly)
+	default:
+		return *faultsFull || slices.Contains(s.short, name)
+	}
 }
