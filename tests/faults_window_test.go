@@ -22,8 +22,10 @@ import (
 // same window added up (docs/reliability.md).
 
 // windowFaults are the faults the window runs under: those that send
-// decisions to the fallback.
-var windowFaults = []string{"latency 80ms ±40ms", "latency 250ms (above the 150ms call timeout)", "blackhole (timeout toxic)"}
+// decisions to the fallback, and those that fail some calls and not
+// others (reset_peer, slicer), where some replicas fall back while the
+// others go on counting in Redis.
+var windowFaults = []string{"latency 80ms ±40ms", "latency 250ms (above the 150ms call timeout)", "blackhole (timeout toxic)", "reset_peer on half the connections", "slicer 1-byte pieces, 1ms apart"}
 
 // windowFaultsShort is the one make test runs: the blackhole, where every
 // replica falls back at once and comes back at once.
