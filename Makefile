@@ -130,7 +130,7 @@ bench-compare: redis-server
 # prints the table. `make test` runs the short faults only. Minutes.
 .PHONY: test-faults
 test-faults: redis-server
-	$(GO) test -v -count=1 -timeout 30m -run 'TestNetworkFaults|TestWindowUnderNetworkFaults|TestAnchorUnderNetworkFaults|TestNetworkFaultsOnOneClusterMaster|TestForgetRestartAfterOutage' ./tests/ -args -faults.full
+	$(GO) test -v -count=1 -timeout 30m -run 'TestNetworkFaults|TestWindowUnderNetworkFaults|TestAnchorUnderNetworkFaults|TestNetworkFaultsOnOneClusterMaster' ./tests/ -args -faults.full
 
 # Fleets of 10, 100 and 1,000 simulated sidecars against a standalone Redis
 # and a three-master Cluster, in redis and hybrid mode: Redis commands, CPU,

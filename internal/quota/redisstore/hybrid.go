@@ -785,10 +785,12 @@ func (h *Hybrid) Close(ctx context.Context) {
 // takes exactly what each request costs, leasing nothing ahead: two
 // heartbeats, long enough for the other replicas to be back too (their
 // breakers close within a probe interval of each other) and to charge
-// their fallback debts, each with its first call of a key. Leasing a
-// slice ahead before the others' debts landed would hand out tokens that
-// those debts spend: the debts arrive one by one, and in redis mode the
-// first replica back takes a request's cost meanwhile, not a slice.
+// their fallback debts (as each breaker closes, Store.chargeDebts, or
+// with a key's next call for what did not fit or on a Cluster). Leasing
+// a slice ahead before the others' debts landed would hand out tokens
+// that those debts spend: the debts arrive replica by replica, and in
+// redis mode the first replica back takes a request's cost meanwhile,
+// not a slice.
 const forgetExact = 2 * time.Second
 
 // forgotten counts a lease Redis had forgotten.

@@ -57,7 +57,7 @@ var _ quota.Limiter = (*Resilient)(nil)
 // redis mode, Hybrid for hybrid mode.
 type LevelSource interface {
 	Level(key string, l quota.Limit) (local.Level, bool)
-	Owe(key string, units int64)
+	OweUnder(key string, l quota.Limit, units int64)
 	// FellBack and FellBackIn keep what the fallback admitted of a
 	// window (Table.FellBack).
 	FellBack(key string, start, took int64)
@@ -170,7 +170,7 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		return quota.Decision{}, err
 	}
 	if d.Allowed && owesFallback(l) {
-		r.levels.Owe(key, n) // charged to the Redis bucket when it answers again
+		r.levels.OweUnder(key, l, n) // charged to the Redis bucket when it answers again
 	}
 	if window && !ran {
 		// Redis counted none of what the replicas' fallbacks admit in

@@ -82,6 +82,9 @@ type Store struct {
 	// was written is known as such before the breaker lets decisions
 	// through.
 	warmed atomic.Pointer[func(context.Context)]
+	// debts are the fallback debts charged when a master comes back,
+	// before decisions reach it (chargeDebts).
+	debts atomic.Pointer[Table]
 }
 
 // NewStore returns a Store using rdb and starts its watch; Close stops it.
@@ -125,7 +128,10 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 
 // Warm loads every script into Redis (on every master of a Cluster), so
 // the first decisions after start-up or a Redis restart do not pay for a
-// NOSCRIPT round trip and a script upload inside their timeout.
+// NOSCRIPT round trip and a script upload inside their timeout. Then,
+// before the breaker lets decisions reach a master that came back, it
+// reads the Redis state (Peers.CheckState) and charges the fallback's
+// debts (chargeDebts).
 func (s *Store) Warm(ctx context.Context) error {
 	for _, sc := range scripts {
 		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
@@ -142,6 +148,7 @@ func (s *Store) Warm(ctx context.Context) error {
 		s.down.Store(now)
 	}
 	s.answered.Store(now) // it answered (DownSince)
+	s.chargeDebts(ctx)
 	return nil
 }
 
