@@ -503,7 +503,7 @@ func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, nee
 		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: want, need: need, debt: debt, life: h.opts.LeaseTTL, peers: peers, spent: spent, retire: old})
 		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: h.opts.LeaseTTL, k: ls.k, g: ls.g, forgot: ls.forgot, unreplicated: ls.unreplicated}, err
 	}
-	w, err := h.store.leaseWindow(ctx, key, l, want, need, peers, old)
+	w, err := h.store.leaseWindow(ctx, key, l, want, need, peers, old, holdFrom(ctx))
 	return leased{granted: w.granted, remaining: w.Remaining, id: w.id, wait: w.RetryAfter, full: w.ResetAfter, life: min(w.left, h.opts.LeaseTTL)}, err
 }
 
@@ -694,7 +694,15 @@ func (h *Hybrid) giveBack(ctx context.Context, g giveback) {
 		if g.lease.unspent <= 0 {
 			return // a window lease ends with its window: nothing to retire
 		}
-		err = h.store.refund(ctx, g.key, quota.Limit{Algorithm: g.algorithm, Window: g.window}, g.lease.unspent)
+		l := quota.Limit{Algorithm: g.algorithm, Window: g.window}
+		if g.lease.id == 0 {
+			err = h.store.refund(ctx, g.key, l, g.lease.unspent) // a refund, made with its decision
+		} else {
+			// To the window the lease was counted in (its id), and only
+			// there: a lease given back a window later must not credit a
+			// window that never counted it.
+			err = h.store.giveBackWindow(ctx, g.key, l, g.lease.id, g.lease.unspent)
+		}
 	}
 	if err != nil {
 		return // the lease ends by itself; a lost return only under-uses the count

@@ -83,6 +83,10 @@ type Store struct {
 	rdb     rediser
 	opts    StoreOptions
 	breaker *breaker.Breaker
+	// answered is when Redis last answered a call, down when it was last
+	// out of reach, downSince when it was first out of reach after that
+	// answer (unix ns; DownAt, DownSince).
+	answered, down, downSince atomic.Int64
 	// warmed runs after Warm has loaded the scripts: Peers reads the
 	// state's Identity there, so a Redis that comes back having lost what
 	// was written is known as such before the breaker lets decisions
@@ -147,6 +151,13 @@ func (s *Store) Warm(ctx context.Context) error {
 	if fn := s.warmed.Load(); fn != nil {
 		(*fn)(ctx)
 	}
+	now := time.Now().UnixNano()
+	if s.down.Load() != 0 {
+		// The breaker lets Redis back after this: it was out of reach
+		// until now (DownUntil).
+		s.down.Store(now)
+	}
+	s.answered.Store(now) // it answered (DownSince)
 	s.chargeDebts(ctx)
 	return nil
 }
@@ -163,6 +174,42 @@ func (s *Store) Close() { s.breaker.Close() }
 // partition to another master meanwhile, that master's verdict answers.)
 func (s *Store) AwaitVerdict(ctx context.Context, partition string) (down bool) {
 	return s.breaker.AwaitVerdict(ctx, s.breaker.NodeFor(ctx, s.key(partition)))
+}
+
+// markDown records that a call found Redis out of reach at t (refused
+// or abandoned because its node was marked down): DownAt, DownSince.
+func (s *Store) markDown(t time.Time) {
+	ns := t.UnixNano()
+	s.down.Store(ns)
+	if s.downSince.Load() <= s.answered.Load() {
+		s.downSince.Store(ns) // the first since Redis last answered
+	}
+}
+
+// DownUntil is until when Redis may still be out of the other replicas'
+// reach, as far as this one can tell: the last instant it was out of
+// this store's reach (on a Cluster, any master's; a call refused or
+// abandoned because it was marked down, or the moment the breaker let it
+// back, Warm), plus the longest another replica's breaker may stay open
+// after Redis is back for all (a probe round: ProbeEvery and
+// ProbeTimeout). Zero: never down. Resilient.hold reads it.
+func (s *Store) DownUntil() time.Time {
+	if ns := s.down.Load(); ns != 0 {
+		return time.Unix(0, ns).Add(s.opts.ProbeEvery + s.opts.ProbeTimeout)
+	}
+	return time.Time{}
+}
+
+// DownSince is when Redis went out of this store's reach, if it has not
+// answered a call since (zero: it has, or it never was): a window that
+// began after it is the fallback's alone, as far as this replica can
+// tell (Resilient.windowLevel).
+func (s *Store) DownSince() time.Time {
+	since := s.downSince.Load()
+	if since == 0 || since <= s.answered.Load() {
+		return time.Time{}
+	}
+	return time.Unix(0, since)
 }
 
 // key returns the Redis key of a partition: the prefix, then the partition
@@ -218,6 +265,7 @@ func (s *Store) runCall(ctx context.Context, op string, key string, call func(co
 	n := s.breaker.NodeFor(ctx, key)
 	o := n.Outage()
 	if n.Down() {
+		s.markDown(time.Now())
 		return nil, ErrStoreDown
 	}
 	start := time.Now()
@@ -238,7 +286,11 @@ func (s *Store) runCall(ctx context.Context, op string, key string, call func(co
 	n.Begin(start.UnixNano())
 	go func() {
 		v, err := call(callCtx)
-		n.End(time.Now().UnixNano(), err == nil)
+		at := time.Now().UnixNano()
+		n.End(at, err == nil)
+		if err == nil {
+			s.answered.Store(at)
+		}
 		if fate.CompareAndSwap(callPending, callAnswered) {
 			res <- result{v, err}
 			return
@@ -270,6 +322,7 @@ func (s *Store) runCall(ctx context.Context, op string, key string, call func(co
 		s.opts.Metrics.Calls.WithLabelValues(op, "ok").Inc()
 	case o.Err() != nil:
 		s.opts.Metrics.Calls.WithLabelValues(op, "abandoned").Inc()
+		s.markDown(done)
 		err = ErrStoreDown
 	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 		// The caller went away; that says nothing about Redis.
@@ -528,13 +581,14 @@ type windowLease struct {
 // partition under l (a fixed or sliding window), at most half of what
 // fits over peers replicas, after giving back the unspent units of the
 // lease in back.
-func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit, want, need, peers int64, back held) (windowLease, error) {
+func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit, want, need, peers int64, back held, hold windowHold) (windowLease, error) {
 	key := []string{s.algorithmKey(partition, l.Algorithm)}
 	script, name := fixedWindowScript, "fixed_window"
 	if l.Algorithm == quota.SlidingWindow {
 		script, name = slidingWindowScript, "sliding_window"
 	}
-	v, err := s.run(ctx, "lease", script, key, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), want, need, peers, back.id, back.unspent, "", blockMicros(l))
+	late := func(v any) { s.undoWindowLate(partition, l, v) }
+	v, err := s.runLate(ctx, "lease", script, key, late, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), want, need, peers, back.id, back.unspent, "", blockMicros(l), hold.units, hold.start)
 	if err != nil {
 		return windowLease{}, err
 	}

@@ -40,7 +40,18 @@ type keyState struct {
 	// comes back (Store.chargeDebts); nil: charged with the key's next
 	// call only.
 	owedUnder *quota.Limit
-	slice     // hybrid mode's lease
+	// fellBack is the last window (fixed or sliding) this replica decided
+	// the key in by its fallback while Redis was out of its reach (see
+	// FellBack).
+	fellBack windowFallback
+	slice    // hybrid mode's lease
+}
+
+// windowFallback is what a replica's fallback admitted in one window of
+// a key: the window's start (unix µs, as the scripts count it) and the
+// units, none of which Redis counted.
+type windowFallback struct {
+	start, took int64
 }
 
 // NewTable returns a table of at most maxKeys keys.
@@ -164,4 +175,31 @@ func (t *Table) takeDebt(key string) int64 {
 	d := e.debt
 	e.debt = 0
 	return d
+}
+
+// FellBack records units of key's window (fixed or sliding) that the
+// fallback admitted in the window starting at start (unix µs) while Redis
+// was out of this replica's reach. Until the window ends, the key's calls
+// to Redis hold them out of the window's room (Resilient.hold): Redis
+// counted none of them, and without this a window in which Redis came
+// back would admit its fallback share and then its whole limit again.
+func (t *Table) FellBack(key string, start, took int64) {
+	sh := t.Lock(key)
+	e := stateLocked(sh, key)
+	if e.fellBack.start != start {
+		e.fellBack = windowFallback{start: start}
+	}
+	e.fellBack.took += took
+	sh.Unlock()
+}
+
+// FellBackIn is what the fallback admitted of key in the window starting
+// at start (unix µs): see FellBack.
+func (t *Table) FellBackIn(key string, start int64) int64 {
+	sh := t.Lock(key)
+	defer sh.Unlock()
+	if e, ok := sh.Peek(key); ok && e.fellBack.start == start {
+		return e.fellBack.took
+	}
+	return 0
 }
