@@ -17,9 +17,12 @@ import (
 // with no I/O until the slice runs out or the lease ends; the next lease
 // call retires the previous one, giving back what was not spent.
 //
-// Leases live for LeaseTTL (60s by default), long enough for a key that
-// comes back to a replica every few seconds to find tokens waiting. That
-// is safe because Redis counts what is out: bucket_state.lua keeps the
+// A busy key's leases live for LeaseTTL (60s by default), long enough for
+// a key that comes back to a replica every few seconds to find tokens
+// waiting; a colder key's token bucket leases live longer, up to 10
+// minutes, fitted to its rate with a slice of what it will use
+// (hybrid_fit.go), and a young replica's first lease of a key is a probe
+// of half a life. That is safe because Redis counts what is out: bucket_state.lua keeps the
 // tokens of unexpired leases by expiry (a handful of fields per key, not
 // one per replica) and never refills the bucket's level above capacity
 // less what is out, so the replicas together admit at most one bucket's
@@ -41,9 +44,10 @@ import (
 // replica computes. So do charge: always limits (token budgets): see
 // Hybrid.budget.
 //
-// Slices are sized from what the lease may be spent on: this replica's
-// share of what the limit refills over a lease's life (limit rate × life
-// ÷ replicas), or its own demand over that life when higher, at most a
+// Slices are sized from what the lease may be spent on: a busy key's,
+// this replica's share of what the limit refills over a lease's life
+// (limit rate × life ÷ replicas), or its own demand over that life when
+// higher (a fitted lease's, twice its expected use), at most a
 // quarter of the bucket divided by the replica count, and, in the script,
 // at most half of what Redis holds available divided by the replica
 // count, but never less than the request's cost. A key's first lease on a
