@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/quota"
 )
 
@@ -174,5 +175,22 @@ func TestFitLeaseFirstSight(t *testing.T) {
 		if f.life != c.life || f.want != c.want {
 			t.Errorf("first seen %v after the start: life %v, %d tokens; want %v, %d", c.at, f.life, f.want, c.life, c.want)
 		}
+	}
+}
+
+// A fitted lease lives at most what local.lease_ttl may be set to, no
+// longer: what a dead replica strands is bounded by the same figure
+// whether its key was busy or cold (docs/modes.md, lives fitted to
+// keys). Config's own validation says where that maximum is.
+func TestMaxLeaseLifeIsLeaseTTLMax(t *testing.T) {
+	parse := func(d time.Duration) error {
+		_, err := config.Parse([]byte(fmt.Sprintf("local: {lease_ttl: %s}\n", d)), "max-life")
+		return err
+	}
+	if err := parse(maxLeaseLife); err != nil {
+		t.Errorf("local.lease_ttl %v (maxLeaseLife) refused: %v; a fitted life must not exceed what lease_ttl may be", maxLeaseLife, err)
+	}
+	if err := parse(maxLeaseLife + time.Millisecond); err == nil {
+		t.Errorf("local.lease_ttl %v accepted: lease_ttl's maximum is above maxLeaseLife; tie the two", maxLeaseLife+time.Millisecond)
 	}
 }
