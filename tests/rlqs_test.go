@@ -2,7 +2,9 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"sync"
@@ -468,5 +470,171 @@ func TestRLQSShutdownEndsStreams(t *testing.T) {
 	}
 	if code := grpcstatus.Code(f.LastStatus()); code != codes.Unavailable {
 		t.Fatalf("the Envoy's stream ended with %v (%v); want UNAVAILABLE, so it reconnects", code, f.LastStatus())
+	}
+}
+
+// rlqsRecv waits up to within for the stream's next response (the
+// stream's context bounds the receiving goroutine once the test ends).
+func rlqsRecv(t *testing.T, st rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient, within time.Duration) (*rlqsv3.RateLimitQuotaResponse, bool) {
+	t.Helper()
+	type answer struct {
+		resp *rlqsv3.RateLimitQuotaResponse
+		err  error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		resp, err := st.Recv()
+		ch <- answer{resp, err}
+	}()
+	select {
+	case a := <-ch:
+		must(t, a.err)
+		return a.resp, true
+	case <-time.After(within):
+		return nil, false
+	}
+}
+
+// demandReport is a report of one bucket offered perSecond requests over
+// the last second (all denied, as Envoy counts them before its first
+// assignment).
+func demandReport(id map[string]string, perSecond uint64) *rlqsv3.RateLimitQuotaUsageReports {
+	return &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+		BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(time.Second), NumRequestsDenied: perSecond,
+	}}}
+}
+
+// New assignments are pushed when a share changes, not only in answer to
+// a report: Envoy A holds the tenant's bucket alone; Envoy B joins with
+// the same demand and A is sent half the refill, then B leaves and A is
+// sent the whole again, A reporting nothing meanwhile. Each push must
+// reach A within rlqs.assignment_ttl (3s) of the change, before the
+// assignment it holds would run out. The policy is 100 a second
+// (6,000 a minute, a bucket of 6,000) and each Envoy offers 200 a second,
+// so the share, not the count or the demand, sizes the refill: 100 a
+// second alone, 50 each when two hold it.
+func TestRLQSSharePushed(t *testing.T) {
+	parallel(t)
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 6000, window: 1m")))
+	client := rlqsv3.NewRateLimitQuotaServiceClient(s.conn)
+	id := tenantBucket("acme")
+	ttl := 3 * time.Second // rlqs.assignment_ttl's default
+	refill := func(resp *rlqsv3.RateLimitQuotaResponse) uint32 {
+		t.Helper()
+		if n := len(resp.GetBucketAction()); n != 1 {
+			t.Fatalf("a response of %d bucket actions; want the tenant's one: %v", n, resp)
+		}
+		tb := resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
+		if tb == nil {
+			t.Fatalf("the tenant's bucket was answered %s; want a token bucket", blanketOf(resp.GetBucketAction()[0]))
+		}
+		return tb.GetTokensPerFill().GetValue()
+	}
+
+	ctxA, cancelA := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancelA()
+	a, err := client.StreamRateLimitQuotas(ctxA)
+	must(t, err)
+	must(t, a.Send(demandReport(id, 200)))
+	first, ok := rlqsRecv(t, a, 10*time.Second)
+	if !ok {
+		t.Fatal("no answer to A's first report within 10s")
+	}
+	alone := refill(first)
+	t.Logf("A alone: %d tokens a second", alone)
+	if alone != 100 {
+		t.Fatalf("A, the tenant's only holder, demanding 200 a second of a 100-a-second limit, is assigned %d a second; want the whole 100", alone)
+	}
+
+	ctxB, cancelB := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancelB()
+	b, err := client.StreamRateLimitQuotas(ctxB)
+	must(t, err)
+	must(t, b.Send(demandReport(id, 200)))
+	joined := time.Now()
+	if _, ok := rlqsRecv(t, b, 10*time.Second); !ok {
+		t.Fatal("no answer to B's first report within 10s")
+	}
+	pushed, ok := rlqsRecv(t, a, ttl-time.Since(joined))
+	if !ok {
+		t.Fatalf("B joined A's key with the same demand and A, which sent no report, was sent nothing within %v: a share that moved must be pushed", ttl)
+	}
+	halved := refill(pushed)
+	t.Logf("B joined: A pushed %d tokens a second after %v", halved, time.Since(joined).Round(time.Millisecond))
+	if halved != 50 {
+		t.Fatalf("with B holding the key at the same demand, A is pushed %d tokens a second; want half the limit, 50", halved)
+	}
+
+	cancelB() // B's Envoy goes away
+	left := time.Now()
+	again, ok := rlqsRecv(t, a, ttl)
+	if !ok {
+		t.Fatalf("B left and A, which sent no report, was sent nothing within %v: its share grew back and must be pushed", ttl)
+	}
+	whole := refill(again)
+	t.Logf("B left: A pushed %d tokens a second after %v", whole, time.Since(left).Round(time.Millisecond))
+	if whole != 100 {
+		t.Fatalf("B gone, A is pushed %d tokens a second; want the whole limit again, 100", whole)
+	}
+}
+
+// rlqs.max_streams (1,000 by default) bounds the Envoy streams one
+// process serves: at the default, the 1,001st stream is refused with
+// RESOURCE_EXHAUSTED and counted (reason too_many_streams), nothing is
+// taken for its report, and once a stream ends a new one is served. All
+// the streams share the harness's one connection (the gRPC listener
+// allows 1,024 calls on one).
+func TestRLQSMaxStreams(t *testing.T) {
+	parallel(t)
+	srv := testredis.Start(t)
+	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m")))
+	client := rlqsv3.NewRateLimitQuotaServiceClient(s.conn)
+	const most = 1000 // rlqs.max_streams's default
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cancels := make([]context.CancelFunc, most)
+	for i := range most {
+		sctx, c := context.WithCancel(ctx)
+		cancels[i] = c
+		_, err := client.StreamRateLimitQuotas(sctx)
+		must(t, err)
+	}
+	waitMetric(t, s, 30*time.Second, most, "extauthz_rlqs_streams")
+
+	refusedBefore := s.metric("extauthz_rlqs_refused_total", "reason", "too_many_streams")
+	over, err := client.StreamRateLimitQuotas(ctx)
+	must(t, err)
+	// The server may have refused the stream already: Send then returns
+	// io.EOF and Recv the status.
+	if err := over.Send(demandReport(tenantBucket("acme"), 1)); err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	_, err = over.Recv()
+	if code := grpcstatus.Code(err); code != codes.ResourceExhausted {
+		t.Fatalf("stream %d with %d open: ended with %v (%v); want RESOURCE_EXHAUSTED (rlqs.max_streams)", most+1, most, code, err)
+	}
+	t.Logf("stream %d: %v", most+1, err)
+	if after := s.metric("extauthz_rlqs_refused_total", "reason", "too_many_streams"); after != refusedBefore+1 {
+		t.Fatalf("extauthz_rlqs_refused_total{reason=\"too_many_streams\"} went from %v to %v; want one more", refusedBefore, after)
+	}
+	if taken := s.metric("extauthz_rlqs_tokens_taken_total"); taken != 0 {
+		t.Fatalf("%v tokens were taken for a refused stream's report; want none", taken)
+	}
+
+	cancels[0]() // one Envoy goes away: its place is free
+	waitMetric(t, s, 30*time.Second, most-1, "extauthz_rlqs_streams")
+	next, err := client.StreamRateLimitQuotas(ctx)
+	must(t, err)
+	must(t, next.Send(demandReport(tenantBucket("acme"), 1)))
+	resp, err := next.Recv()
+	if err != nil {
+		t.Fatalf("a stream opened after one of %d ended: %v; want it served", most, err)
+	}
+	if b := blanketOf(resp.GetBucketAction()[0]); b != "token_bucket" {
+		t.Fatalf("a stream opened after one of %d ended: its bucket answered %s; want a token bucket", most, b)
+	}
+	for _, c := range cancels {
+		c()
 	}
 }

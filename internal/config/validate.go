@@ -49,7 +49,7 @@ const (
 	DefaultMaxKeys    = 100_000
 	DefaultSliceIdle  = time.Second
 	DefaultLeaseTTL   = 60 * time.Second
-	maxLeaseTTL       = 10 * time.Minute
+	maxLeaseTTL       = 10 * time.Minute // also the longest fitted life (redisstore.maxLeaseLife; TestMaxLeaseLifeIsLeaseTTLMax)
 	DefaultPeerTTL    = 15 * time.Second
 	DefaultMinPeers   = 2
 	DefaultKeyHeader  = "x-api-key"

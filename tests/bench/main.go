@@ -72,6 +72,7 @@ func main() {
 	// shorter window lands on a wave or between two.
 	flag.DurationVar(&o.measure, "measure", config.DefaultLeaseTTL, "the key distributions' measured load per row: one lease life by default")
 	flag.BoolVar(&o.steadyOnly, "steady-only", false, "only the key distributions in steady state")
+	flag.StringVar(&o.rows, "rows", "", "only the key distribution rows whose name contains this (\"keys\": the uniform and Zipf rows); every row's targets still gate")
 	flag.BoolVar(&o.compare, "compare", false, "only the comparison with envoyproxy/ratelimit (make bench-compare)")
 	rlqs := flag.Bool("rlqs", false, "only the rate limit quota service row beside Check's (10 Envoys × 1,000 buckets)")
 	flag.Parse()
@@ -94,6 +95,7 @@ type options struct {
 	n, c, rounds, keys int
 	dists, compare     bool
 	steadyOnly         bool
+	rows               string
 	warmup, measure    time.Duration
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,9 +17,12 @@ import (
 // with no I/O until the slice runs out or the lease ends; the next lease
 // call retires the previous one, giving back what was not spent.
 //
-// Leases live for LeaseTTL (60s by default), long enough for a key that
-// comes back to a replica every few seconds to find tokens waiting. That
-// is safe because Redis counts what is out: bucket_state.lua keeps the
+// A busy key's leases live for LeaseTTL (60s by default), long enough for
+// a key that comes back to a replica every few seconds to find tokens
+// waiting; a colder key's token bucket leases live longer, up to 10
+// minutes, fitted to its rate with a slice of what it will use
+// (hybrid_fit.go), and a young replica's first lease of a key is a probe
+// of half a life. That is safe because Redis counts what is out: bucket_state.lua keeps the
 // tokens of unexpired leases by expiry (a handful of fields per key, not
 // one per replica) and never refills the bucket's level above capacity
 // less what is out, so the replicas together admit at most one bucket's
@@ -42,9 +44,10 @@ import (
 // replica computes. So do charge: always limits (token budgets): see
 // Hybrid.budget.
 //
-// Slices are sized from what the lease may be spent on: this replica's
-// share of what the limit refills over a lease's life (limit rate × life
-// ÷ replicas), or its own demand over that life when higher, at most a
+// Slices are sized from what the lease may be spent on: a busy key's,
+// this replica's share of what the limit refills over a lease's life
+// (limit rate × life ÷ replicas), or its own demand over that life when
+// higher (a fitted lease's, twice its expected use), at most a
 // quarter of the bucket divided by the replica count, and, in the script,
 // at most half of what Redis holds available divided by the replica
 // count, but never less than the request's cost. A key's first lease on a
@@ -211,6 +214,10 @@ type Hybrid struct {
 	holders   map[string]*keyState // keys whose entries hold tokens
 
 	returns chan giveback // leases to give back, from evictions and refunds
+	// started (unix ns, opts.Now) is when this replica began watching its
+	// keys: a key first leased a lease life or more later is a cold one
+	// (hybrid_fit.go).
+	started int64
 	// confirms counts the heartbeats that found the Redis state unchanged
 	// (Confirmed); era the changes found (Forgot).
 	confirms atomic.Int64
@@ -260,6 +267,7 @@ func NewHybrid(table *Table, store *Store, peers PeerCounter, opts HybridOptions
 		opts:    opts,
 		holders: map[string]*keyState{},
 		returns: make(chan giveback, 4096),
+		started: opts.Now().UnixNano(),
 		stop:    make(chan struct{}),
 	}
 	evicted := h.evicted
@@ -354,7 +362,8 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		// and a slice for what comes next, all in one call. Nobody spends
 		// the old slice meanwhile; if the call fails, what it held is
 		// lost to this replica until the lease ends in Redis: under-use.
-		want := max(h.sliceSizeLocked(e, l, ns), need)
+		fit := h.sliceSizeLocked(e, l, ns)
+		want := max(fit.want, need)
 		if ns < h.exactUntil.Load() {
 			want = need // Redis just forgot: exact until the others' debts land (forgetExact)
 		}
@@ -369,7 +378,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		peers := max(h.peers.Count(), 1)
 		sh.Unlock()
 
-		ls, err := h.lease(ctx, key, l, want, need, n, debt, peers, old)
+		ls, err := h.lease(ctx, key, l, want, need, n, debt, peers, fit.life, old)
 
 		sh = h.table.Lock(key)
 		e.flight = nil
@@ -497,11 +506,12 @@ type leased struct {
 
 // lease asks Redis for between need and want units of key under l, of
 // which the request in hand spends spent at once, retiring old, with the
-// script of l's algorithm.
-func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, need, spent, debt, peers int64, old held) (leased, error) {
+// script of l's algorithm: a bucket's lease for life, a window's until
+// its window ends (and at most the lease life).
+func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, need, spent, debt, peers int64, life time.Duration, old held) (leased, error) {
 	if l.Algorithm == quota.TokenBucket {
-		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: want, need: need, debt: debt, life: h.opts.LeaseTTL, peers: peers, spent: spent, retire: old})
-		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: h.opts.LeaseTTL, k: ls.k, g: ls.g, forgot: ls.forgot, unreplicated: ls.unreplicated}, err
+		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: want, need: need, debt: debt, life: life, peers: peers, spent: spent, retire: old})
+		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: life, k: ls.k, g: ls.g, forgot: ls.forgot, unreplicated: ls.unreplicated}, err
 	}
 	w, err := h.store.leaseWindow(ctx, key, l, want, need, peers, old, holdFrom(ctx))
 	return leased{granted: w.granted, remaining: w.Remaining, id: w.id, wait: w.RetryAfter, full: w.ResetAfter, life: min(w.left, h.opts.LeaseTTL)}, err
@@ -578,28 +588,25 @@ func (h *Hybrid) allowLocked(e *keyState, l quota.Limit, ns int64) quota.Decisio
 	}
 }
 
-// sliceSizeLocked decides how many tokens to lease for e (see the design
-// note) and updates its rate estimate.
-func (h *Hybrid) sliceSizeLocked(e *keyState, l quota.Limit, ns int64) int64 {
-	if e.remoteAt != 0 {
-		// Requests at one instant are a burst: count them over a
-		// millisecond rather than not at all.
-		inst := float64(e.count) / (float64(max(ns-e.remoteAt, int64(time.Millisecond))) / 1e9)
-		if e.rate == 0 {
-			e.rate = inst
-		} else {
-			e.rate = 0.5*e.rate + 0.5*inst
-		}
+// sliceSizeLocked decides how many tokens to lease for e and for how
+// long (see the design note and hybrid_fit.go), and updates its rate
+// estimate.
+func (h *Hybrid) sliceSizeLocked(e *keyState, l quota.Limit, ns int64) leaseFit {
+	switch {
+	case e.remoteAt != 0:
+		e.rate = observedRate(e.rate, e.count, time.Duration(ns-e.remoteAt))
+	case ns-h.started >= int64(h.opts.LeaseTTL):
+		// Never leased here, and not seen for the lease life and more
+		// this replica has watched: a cold key.
+		e.rate = observedRate(e.rate, max(e.count, 1), time.Duration(ns-h.started))
 	}
 	peers := max(h.peers.Count(), 1)
-	life := h.opts.LeaseTTL
-	if l.Algorithm != quota.TokenBucket {
-		life = min(life, l.Window)
+	if l.Algorithm == quota.TokenBucket {
+		return fitLease(e.rate, h.opts.LeaseTTL, l, peers, e.waiting)
 	}
-	demand := int64(math.Ceil(e.rate * life.Seconds()))
-	share := int64(math.Ceil(float64(l.Limit) * float64(life) / float64(l.Window) / float64(peers)))
-	want := max(demand, share, e.waiting+1, 1)
-	return min(want, maxSlice(capacityOf(l), peers))
+	// A window's lease dies with its window: sized as a busy key's.
+	life := min(h.opts.LeaseTTL, l.Window)
+	return leaseFit{life: life, want: shareSlice(e.rate, life, l, peers, e.waiting, maxSlice(capacityOf(l), peers))}
 }
 
 // maxSlice is the most tokens one lease takes of a bucket of capacity
