@@ -11,9 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/extauthz/extauthz/internal/anchorstats"
 	"github.com/extauthz/extauthz/internal/certfile"
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/gctune"
@@ -63,13 +65,24 @@ func runRatelimit(e env, args []string) (int, error) {
 		HealthyWithConfig: re.HealthyWithConfig,
 	}
 	if p := re.Prometheus; p != nil {
-		opts.Prometheus = &sidecar.PrometheusListener{Addr: p.Addr, Path: p.Path}
+		if opts.AnchorStats, err = anchorstats.New(p.MapperYAML, p.NearLimitRatio); err != nil {
+			return 1, fmt.Errorf("PROMETHEUS_MAPPER_YAML: %w", err)
+		}
+		// The anchor's series beside extauthz's own, on the listener the
+		// anchor serves them on.
+		anchorReg := prometheus.NewRegistry()
+		anchorReg.MustRegister(opts.AnchorStats)
+		opts.Prometheus = &sidecar.PrometheusListener{Addr: p.Addr, Path: p.Path,
+			Gatherer: func(reg *prometheus.Registry) prometheus.Gatherer { return prometheus.Gatherers{reg, anchorReg} }}
 	}
 	var rc *rlsconfig.Config
 	switch re.ConfigType {
 	case rlsenv.ConfigFile:
 		if rc, err = sidecar.LoadRLS(cfg); err != nil {
 			return 1, err
+		}
+		if opts.AnchorStats != nil {
+			opts.AnchorStats.ConfigLoad(true) // the first load, as the anchor counts it
 		}
 		for _, w := range sidecar.RLSWarnings(rc) {
 			log.Warn("config warning", "source", cfg.Source, "warning", w)
@@ -143,7 +156,12 @@ func serveXDS(re *rlsenv.Env, cfg *config.Config, opts sidecar.Options, log *slo
 			}
 		} else if _, err := set.Load(rlsconfig.OptionsFor(cfg)); err != nil {
 			log.Error("xds: update refused (NACK)", "error", err.Error())
+			if opts.AnchorStats != nil {
+				opts.AnchorStats.ConfigLoad(false)
+			}
 			return err
+		} else if opts.AnchorStats != nil {
+			opts.AnchorStats.ConfigLoad(true)
 		}
 		current.Store(set)
 		once.Do(func() { close(first) })
