@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -99,9 +101,11 @@ func runRatelimit(e env, args []string) (int, error) {
 }
 
 // serveXDS serves with descriptors over xDS: it subscribes, waits for the
-// first good configuration unless FORCE_START_WITHOUT_INITIAL_CONFIG is
-// set (then it serves at once, with no limits until one arrives), and
-// swaps in every update after that.
+// first configuration unless FORCE_START_WITHOUT_INITIAL_CONFIG is set
+// (then it serves at once, with no limits until one arrives), and swaps
+// in every update after that. As the anchor, it opens no listener while
+// it waits, however long the server is away, and a refused first update
+// (NACKed) ends the wait with no descriptors.
 func serveXDS(re *rlsenv.Env, cfg *config.Config, opts sidecar.Options, log *slog.Logger) (int, error) {
 	x := re.XDS
 	xo := rlsxds.Options{
@@ -159,6 +163,9 @@ func serveXDS(re *rlsenv.Env, cfg *config.Config, opts sidecar.Options, log *slo
 			if opts.AnchorStats != nil {
 				opts.AnchorStats.ConfigLoad(false)
 			}
+			// The anchor waits for the first update, not the first good
+			// one: refused, it starts with no descriptors.
+			once.Do(func() { close(first) })
 			return err
 		} else if opts.AnchorStats != nil {
 			opts.AnchorStats.ConfigLoad(true)
@@ -173,7 +180,17 @@ func serveXDS(re *rlsenv.Env, cfg *config.Config, opts sidecar.Options, log *slo
 	go rlsxds.Run(ctx, xo)
 	if !re.ForceStart {
 		log.Info("xds: waiting for the first configuration before serving (FORCE_START_WITHOUT_INITIAL_CONFIG is off)", "server", x.ServerURL)
-		<-first
+		// No listener is open yet, so nothing else stops the process: a
+		// SIGTERM while waiting ends it cleanly.
+		stop, unstop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		select {
+		case <-first:
+			unstop()
+		case <-stop.Done():
+			unstop()
+			log.Info("stopped before the first configuration arrived")
+			return 0, nil
+		}
 	}
 	mu.Lock()
 	rc, err := loadCurrent(cfg)
