@@ -80,13 +80,13 @@ func runRatelimit(e env, args []string) (int, error) {
 	var rc *rlsconfig.Config
 	switch re.ConfigType {
 	case rlsenv.ConfigFile:
-		if rc, err = sidecar.LoadRLS(cfg); err != nil {
+		if rc, err = rlsconfig.LoadFor(cfg); err != nil {
 			return 1, err
 		}
 		if opts.AnchorStats != nil {
 			opts.AnchorStats.ConfigLoad(true) // the first load, as the anchor counts it
 		}
-		for _, w := range sidecar.RLSWarnings(rc) {
+		for _, w := range rlsconfig.WarningsOf(rc) {
 			log.Warn("config warning", "source", cfg.Source, "warning", w)
 		}
 	case rlsenv.ConfigXDS:
@@ -226,13 +226,13 @@ func validateRatelimit(e env) (int, error) {
 	cfg, err := re.Config()
 	var rc *rlsconfig.Config
 	if err == nil && re.ConfigType == rlsenv.ConfigFile {
-		rc, err = sidecar.LoadRLS(cfg)
+		rc, err = rlsconfig.LoadFor(cfg)
 	}
 	if err != nil {
 		fmt.Fprintln(e.stderr, err)
 		return 1, nil
 	}
-	for _, w := range append(cfg.Warnings, sidecar.RLSWarnings(rc)...) {
+	for _, w := range append(cfg.Warnings, rlsconfig.WarningsOf(rc)...) {
 		fmt.Fprintf(e.stderr, "warning: %s\n", w)
 	}
 	fmt.Fprintf(e.stdout, "\n%s: ok\n", cfg.Source)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/gctune"
+	"github.com/extauthz/extauthz/internal/rlsconfig"
 	"github.com/extauthz/extauthz/internal/sidecar"
 )
 
@@ -97,11 +98,11 @@ func runServe(e env, args []string) (int, error) {
 	for _, w := range cfg.Warnings {
 		log.Warn("config warning", "source", cfg.Source, "warning", w)
 	}
-	rc, err := sidecar.LoadRLS(cfg)
+	rc, err := rlsconfig.LoadFor(cfg)
 	if err != nil {
 		return 1, err
 	}
-	for _, w := range sidecar.RLSWarnings(rc) {
+	for _, w := range rlsconfig.WarningsOf(rc) {
 		log.Warn("config warning", "source", cfg.Source, "warning", w)
 	}
 

@@ -13,7 +13,6 @@ import (
 	"github.com/extauthz/extauthz/internal/httpauth"
 	"github.com/extauthz/extauthz/internal/rlsconfig"
 	"github.com/extauthz/extauthz/internal/rlsenv"
-	"github.com/extauthz/extauthz/internal/sidecar"
 )
 
 func init() {
@@ -40,7 +39,7 @@ func runValidate(e env, args []string) (int, error) {
 	cfg, err := config.Load(*path)
 	var rc *rlsconfig.Config
 	if err == nil {
-		rc, err = sidecar.LoadRLS(cfg)
+		rc, err = rlsconfig.LoadFor(cfg)
 	}
 	if err != nil {
 		fmt.Fprintln(e.stderr, err)
@@ -49,7 +48,7 @@ func runValidate(e env, args []string) (int, error) {
 	for _, w := range cfg.Warnings {
 		fmt.Fprintf(e.stderr, "%s: warning: %s\n", cfg.Source, w)
 	}
-	for _, w := range sidecar.RLSWarnings(rc) {
+	for _, w := range rlsconfig.WarningsOf(rc) {
 		fmt.Fprintf(e.stderr, "warning: %s\n", w)
 	}
 	fmt.Fprintf(e.stdout, "%s: ok\n", cfg.Source)

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
-	"google.golang.org/grpc/codes"
-	grpcstatus "google.golang.org/grpc/status"
 
 	"github.com/extauthz/extauthz/internal/engine"
 	"github.com/extauthz/extauthz/internal/tracing"
@@ -94,10 +92,8 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	err := eng.Decide(ctx, &r, now, &v)
 	var resp *authv3.CheckResponse
 	switch {
-	case err != nil && v.Outcome == engine.Canceled:
-		err = grpcstatus.FromContextError(err).Err()
 	case err != nil:
-		err = grpcstatus.Errorf(codes.Internal, "%v", err)
+		err = DecisionError(err, v.Outcome, "")
 	case v.Outcome == engine.OK:
 		resp = pre.allow(&v, eng.Config())
 	default:

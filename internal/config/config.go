@@ -131,13 +131,13 @@ type Listen struct {
 // ServerTLS is the gRPC listener's certificate and, for mTLS, the CAs that
 // sign accepted client certificates.
 type ServerTLS struct {
-	CertFile     string
-	KeyFile      string
-	ClientCAFile string // "": clients are not asked for a certificate
+	CertFile     string `yaml:"cert_file"`
+	KeyFile      string `yaml:"key_file"`
+	ClientCAFile string `yaml:"client_ca_file"` // "": clients are not asked for a certificate
 	// ClientSAN, when set, is a name (DNS, URI or email SAN) a client
 	// certificate must carry. No YAML key: envoyproxy/ratelimit's
 	// GRPC_CLIENT_TLS_SAN sets it (internal/rlsenv).
-	ClientSAN string
+	ClientSAN string `yaml:"-"`
 }
 
 // ClientTLS configures TLS to Redis.
@@ -166,12 +166,12 @@ type Redis struct {
 // replication group: the client follows the master they name across
 // failovers.
 type Sentinel struct {
-	MasterName string   // the name the sentinels monitor the master by
-	Addrs      []string // the sentinels' host:port (one is enough; give them all)
+	MasterName string   `yaml:"master_name"` // the name the sentinels monitor the master by
+	Addrs      []string `yaml:"addrs"`       // the sentinels' host:port (one is enough; give them all)
 	// Username and PasswordEnv authenticate to the sentinels, which may
 	// have credentials of their own (Sentinel's requirepass); empty: none.
-	Username    string
-	PasswordEnv string
+	Username    string `yaml:"username"`
+	PasswordEnv string `yaml:"password_env"`
 }
 
 // Local holds the bounds of this process's per-key state.
@@ -222,7 +222,10 @@ type RLS struct {
 
 // LimitHeaders names envoyproxy/ratelimit's response headers.
 type LimitHeaders struct {
-	Limit, Remaining, Reset string // by default RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset
+	// By default RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset.
+	Limit     string `yaml:"limit"`
+	Remaining string `yaml:"remaining"`
+	Reset     string `yaml:"reset"`
 }
 
 // The answers rls.on_undecodable takes.
@@ -233,7 +236,7 @@ const (
 
 // Headers holds response header options.
 type Headers struct {
-	Legacy bool // also send X-RateLimit-Limit/Remaining/Reset
+	Legacy bool `yaml:"legacy"` // also send X-RateLimit-Limit/Remaining/Reset
 }
 
 // HTTP holds what the HTTP door reads of an nginx auth_request
@@ -241,8 +244,8 @@ type Headers struct {
 // names, so the original method and URI travel in headers the
 // configuration sets. Names are lower case.
 type HTTP struct {
-	URIHeader    string // the original request URI (or an absolute URL)
-	MethodHeader string // the original request method
+	URIHeader    string `yaml:"uri_header"`    // the original request URI (or an absolute URL)
+	MethodHeader string `yaml:"method_header"` // the original request method
 }
 
 // Fallback holds the settings of local fallback while Redis is down.

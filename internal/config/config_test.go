@@ -399,3 +399,46 @@ default_mode: redis
 		t.Fatalf("redis = %+v", c.Redis)
 	}
 }
+
+// The sections decoded straight into Config's own types (headers, http,
+// listen.tls, redis.sentinel, rls.limit_headers) take exactly their YAML
+// keys: each key lands in its field, an unknown key is refused with the
+// known ones listed, and listen.tls has no key for ClientSAN (only
+// envoyproxy/ratelimit's GRPC_CLIENT_TLS_SAN sets it).
+func TestSectionsDecodedIntoConfigTypes(t *testing.T) {
+	c, err := Parse([]byte(`
+listen: {grpc: 127.0.0.1:1, tls: {cert_file: testdata/full.yaml, key_file: testdata/full.yaml, client_ca_file: testdata/full.yaml}}
+headers: {legacy: true}
+http: {uri_header: X-URI, method_header: X-Method}
+redis: {sentinel: {master_name: m, addrs: [127.0.0.1:26379], username: u, password_env: P}}
+rls: {limit_headers: {remaining: X-Left}}
+`), "sections.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		got, want any
+	}{
+		{*c.Listen.TLS, ServerTLS{CertFile: "testdata/full.yaml", KeyFile: "testdata/full.yaml", ClientCAFile: "testdata/full.yaml"}},
+		{c.Headers, Headers{Legacy: true}},
+		{c.HTTP, HTTP{URIHeader: "x-uri", MethodHeader: "x-method"}},
+		{c.Redis.Sentinel.MasterName + " " + strings.Join(c.Redis.Sentinel.Addrs, ",") + " " + c.Redis.Sentinel.Username + " " + c.Redis.Sentinel.PasswordEnv, "m 127.0.0.1:26379 u P"},
+		{*c.RLS.LimitHeaders, LimitHeaders{Limit: "RateLimit-Limit", Remaining: "X-Left", Reset: "RateLimit-Reset"}},
+	}
+	for i, w := range want {
+		if w.got != w.want {
+			t.Errorf("section %d: %+v, want %+v", i, w.got, w.want)
+		}
+	}
+	for _, tc := range []struct{ yaml, err string }{
+		{"listen: {grpc: 127.0.0.1:1, tls: {cert_file: a, key_file: b, client_san: x}}", "listen.tls.client_san: unknown field; known fields: cert_file, client_ca_file, key_file"},
+		{"headers: {modern: true}", "headers.modern: unknown field; known fields: legacy"},
+		{"http: {uri: x}", "http.uri: unknown field; known fields: method_header, uri_header"},
+		{"redis: {sentinel: {master_name: m, addrs: [127.0.0.1:26379], password: x}}", "redis.sentinel.password: unknown field; known fields: addrs, master_name, password_env, username"},
+		{"rls: {limit_headers: {other: x}}", "rls.limit_headers.other: unknown field; known fields: limit, remaining, reset"},
+	} {
+		if _, err := Parse([]byte(tc.yaml), "s.yaml"); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%s: %v, want %q", tc.yaml, err, tc.err)
+		}
+	}
+}

@@ -13,7 +13,11 @@ import (
 )
 
 // The raw types mirror the YAML. Durations and limits stay strings here so
-// that validation, which knows each field's path, reports bad values.
+// that validation, which knows each field's path, reports bad values. A
+// section whose settings are already what Config holds (headers, http,
+// listen.tls, redis.sentinel, rls.limit_headers: strings and booleans,
+// defaults applied by validation) is decoded into Config's own type,
+// whose yaml tags name its keys.
 
 type rawConfig struct {
 	Listen        rawListen          `yaml:"listen"`
@@ -23,8 +27,8 @@ type rawConfig struct {
 	IPTrustedHops int                `yaml:"ip_trusted_hops"`
 	IPv4Prefix    *int               `yaml:"ipv4_prefix"`
 	IPv6Prefix    *int               `yaml:"ipv6_prefix"`
-	Headers       rawHeaders         `yaml:"headers"`
-	HTTP          rawHTTP            `yaml:"http"`
+	Headers       Headers            `yaml:"headers"`
+	HTTP          HTTP               `yaml:"http"`
 	Fallback      rawFallback        `yaml:"fallback"`
 	Clients       rawClients         `yaml:"clients"`
 	Plans         map[string]rawPlan `yaml:"plans"`
@@ -34,37 +38,24 @@ type rawConfig struct {
 }
 
 type rawListen struct {
-	GRPC       *string       `yaml:"grpc"`
-	HTTP       string        `yaml:"http"`
-	Admin      *string       `yaml:"admin"`
-	Reflection *bool         `yaml:"reflection"` // nil: on
-	TLS        *rawServerTLS `yaml:"tls"`
+	GRPC       *string    `yaml:"grpc"`
+	HTTP       string     `yaml:"http"`
+	Admin      *string    `yaml:"admin"`
+	Reflection *bool      `yaml:"reflection"` // nil: on
+	TLS        *ServerTLS `yaml:"tls"`
 
 	MaxConnections *int `yaml:"max_connections"` // nil: DefaultMaxConnections
 }
 
-type rawServerTLS struct {
-	CertFile     string `yaml:"cert_file"`
-	KeyFile      string `yaml:"key_file"`
-	ClientCAFile string `yaml:"client_ca_file"`
-}
-
 type rawRedis struct {
 	Addrs       []string     `yaml:"addrs"`
-	Sentinel    *rawSentinel `yaml:"sentinel"`
+	Sentinel    *Sentinel    `yaml:"sentinel"`
 	Username    string       `yaml:"username"`
 	PasswordEnv string       `yaml:"password_env"`
 	TLS         rawClientTLS `yaml:"tls"`
 	Timeout     string       `yaml:"timeout"`
 	KeyPrefix   *string      `yaml:"key_prefix"`
 	PoolSize    int          `yaml:"pool_size"`
-}
-
-type rawSentinel struct {
-	MasterName  string   `yaml:"master_name"`
-	Addrs       []string `yaml:"addrs"`
-	Username    string   `yaml:"username"`
-	PasswordEnv string   `yaml:"password_env"`
 }
 
 // rawClientTLS is `tls: true|false` or a mapping of TLS settings (which
@@ -101,28 +92,13 @@ type rawLocal struct {
 }
 
 type rawRLS struct {
-	Domains         []string         `yaml:"domains"`
-	ResponseHeaders *bool            `yaml:"response_headers"`
-	OnUndecodable   string           `yaml:"on_undecodable"`
-	ShadowMode      bool             `yaml:"shadow_mode"`
-	QuotaMode       bool             `yaml:"quota_mode"`
-	DynamicMetadata bool             `yaml:"dynamic_metadata"`
-	LimitHeaders    *rawLimitHeaders `yaml:"limit_headers"`
-}
-
-type rawLimitHeaders struct {
-	Limit     string `yaml:"limit"`
-	Remaining string `yaml:"remaining"`
-	Reset     string `yaml:"reset"`
-}
-
-type rawHeaders struct {
-	Legacy bool `yaml:"legacy"`
-}
-
-type rawHTTP struct {
-	URIHeader    string `yaml:"uri_header"`
-	MethodHeader string `yaml:"method_header"`
+	Domains         []string      `yaml:"domains"`
+	ResponseHeaders *bool         `yaml:"response_headers"`
+	OnUndecodable   string        `yaml:"on_undecodable"`
+	ShadowMode      bool          `yaml:"shadow_mode"`
+	QuotaMode       bool          `yaml:"quota_mode"`
+	DynamicMetadata bool          `yaml:"dynamic_metadata"`
+	LimitHeaders    *LimitHeaders `yaml:"limit_headers"`
 }
 
 type rawFallback struct {

@@ -88,7 +88,7 @@ func validate(r *rawConfig, errs *Errors) *Config {
 			PeerTTL:  DefaultPeerTTL,
 			MinPeers: DefaultMinPeers,
 		},
-		Headers:       Headers{Legacy: r.Headers.Legacy},
+		Headers:       r.Headers,
 		IPTrustedHops: r.IPTrustedHops,
 		IPv4Prefix:    DefaultIPv4Prefix,
 		IPv6Prefix:    DefaultIPv6Prefix,
@@ -252,7 +252,7 @@ func sameAddress(l Listen, errs *Errors) {
 	}
 }
 
-func validateHTTP(r rawHTTP, errs *Errors) HTTP {
+func validateHTTP(r HTTP, errs *Errors) HTTP {
 	h := HTTP{URIHeader: DefaultURIHeader, MethodHeader: DefaultMethodHeader}
 	for _, f := range []struct {
 		path, raw string
@@ -354,7 +354,7 @@ func validateRedis(r *rawRedis, errs *Errors, warnings *[]string) *Redis {
 
 // validateSentinel checks redis.sentinel: the master's name and at least
 // one sentinel.
-func validateSentinel(r *rawSentinel, errs *Errors) *Sentinel {
+func validateSentinel(r *Sentinel, errs *Errors) *Sentinel {
 	if r.MasterName == "" {
 		errs.add("redis.sentinel.master_name", "is required: the name the sentinels monitor the master by (`sentinel monitor <name> ...`)")
 	}

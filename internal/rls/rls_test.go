@@ -869,3 +869,28 @@ descriptors:
 		t.Fatalf("a question 200 in debt: %v, want OVER_LIMIT", resp)
 	}
 }
+
+// A caller that gives up while held is answered with its context's
+// status (check.DecisionError, as a Check is), not INTERNAL.
+func TestHeldRequestCanceledEndsWithItsStatus(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "paced.yaml", "domain: paced\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100, algorithm: leaky_bucket, max_delay: 15ms}\n")
+	cfg := mainConfig(t, "")
+	rc, err := rlsconfig.Load([]string{dir}, rlsconfig.OptionsFor(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(enginetest.New(t, cfg).Running, rc,
+		WithClock(func() time.Time { return dayStart }),
+		WithHold(func(context.Context, time.Duration) error { return context.Canceled }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &rlsv3.RateLimitRequest{Domain: "paced", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("k", "v")}}
+	if _, err := srv.ShouldRateLimit(context.Background(), req); err != nil {
+		t.Fatal(err) // the first slot is at once: no hold
+	}
+	if _, err := srv.ShouldRateLimit(context.Background(), req); grpcstatus.Code(err) != codes.Canceled {
+		t.Fatalf("a held request whose caller went away: %v, want CANCELED", err)
+	}
+}

@@ -323,11 +323,8 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 	// 2. Take them all or none.
 	outcome, asked, err := engine.TakeAll(ctx, a.takes, now, s.hold)
 	a.asked = asked
-	switch {
-	case err != nil && outcome == engine.Canceled:
-		return nil, outcome, grpcstatus.FromContextError(err).Err()
-	case err != nil:
-		return nil, outcome, grpcstatus.Errorf(codes.Internal, "rls: %v", err)
+	if err != nil {
+		return nil, outcome, check.DecisionError(err, outcome, "rls: ")
 	}
 	return c.respond(req, a, outcome, now), outcome, nil
 }

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/extauthz/extauthz/internal/config"
 )
 
 // Load reads every file the paths name (a directory contributes its
@@ -168,4 +170,22 @@ func LoadSources(srcs []Source, o Options) (*Config, error) {
 	}
 	copy(c.Digest[:], h.Sum(nil))
 	return c, nil
+}
+
+// LoadFor reads the domain files the main configuration cfg names, with
+// its per-limit defaults (nil when it names none).
+func LoadFor(cfg *config.Config) (*Config, error) {
+	if len(cfg.RLS.Domains) == 0 {
+		return nil, nil
+	}
+	return Load(cfg.RLS.Domains, OptionsFor(cfg))
+}
+
+// WarningsOf returns the warnings of a descriptor configuration that may
+// be nil (no domain files).
+func WarningsOf(rc *Config) []string {
+	if rc == nil {
+		return nil
+	}
+	return rc.Warnings
 }

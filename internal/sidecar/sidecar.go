@@ -64,7 +64,7 @@ type Options struct {
 	GRPCOptions []grpc.ServerOption
 	// RLS is where the rate limit service's descriptors come from at a
 	// reload of the main configuration; nil: the files its rls.domains
-	// names (LoadRLS). Over xDS it is the last configuration the server
+	// names (rlsconfig.LoadFor). Over xDS it is the last configuration the server
 	// sent, checked again under the new main configuration.
 	RLS func(cfg *config.Config) (*rlsconfig.Config, error)
 	// HealthyWithConfig reports NOT_SERVING (and /healthcheck fails)
@@ -448,7 +448,7 @@ func (s *Sidecar) UpdateRLS(why string, load func(cfg *config.Config) (*rlsconfi
 		return err
 	}
 	s.reloads.WithLabelValues("success").Inc()
-	for _, w := range RLSWarnings(rc) {
+	for _, w := range rlsconfig.WarningsOf(rc) {
 		s.log.Warn("config warning", "source", why, "warning", w)
 	}
 	s.log.Info("descriptors updated", "trigger", why, "rls_domains", rlsDomains(rc))
@@ -492,7 +492,7 @@ func (s *Sidecar) Reload(why string) error {
 	cfg, err := s.opts.Load(src)
 	var rc *rlsconfig.Config
 	if err == nil {
-		load := LoadRLS
+		load := rlsconfig.LoadFor
 		if s.opts.RLS != nil {
 			load = s.opts.RLS
 		}
@@ -511,7 +511,7 @@ func (s *Sidecar) Reload(why string) error {
 		return err
 	}
 	warnRestartOnly(s.log, running, cfg)
-	for _, w := range append(cfg.Warnings, RLSWarnings(rc)...) {
+	for _, w := range append(cfg.Warnings, rlsconfig.WarningsOf(rc)...) {
 		s.log.Warn("config warning", "source", cfg.Source, "warning", w)
 	}
 	if !slices.Equal(running.RLS.Domains, cfg.RLS.Domains) && s.watch != nil {
@@ -542,28 +542,13 @@ func swap(doors ...func() (commit func(), err error)) error {
 	return nil
 }
 
-// RLSWarnings and rlsDomains read a descriptor configuration that may be
-// nil (no domain files).
-func RLSWarnings(rc *rlsconfig.Config) []string {
-	if rc == nil {
-		return nil
-	}
-	return rc.Warnings
-}
-
+// rlsDomains reads a descriptor configuration that may be nil (no domain
+// files).
 func rlsDomains(rc *rlsconfig.Config) int {
 	if rc == nil {
 		return 0
 	}
 	return len(rc.Domains)
-}
-
-// LoadRLS reads the domain files cfg names (nil when it names none).
-func LoadRLS(cfg *config.Config) (*rlsconfig.Config, error) {
-	if len(cfg.RLS.Domains) == 0 {
-		return nil, nil
-	}
-	return rlsconfig.Load(cfg.RLS.Domains, rlsconfig.OptionsFor(cfg))
 }
 
 // warnRestartOnly logs the settings a reload cannot change.

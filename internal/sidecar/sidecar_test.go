@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/rlsconfig"
 )
 
 // A reload commits no door until every door compiled its next
@@ -92,7 +93,7 @@ func newTestSidecar(t *testing.T, path string, o Options) *Sidecar {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := LoadRLS(cfg)
+	rc, err := rlsconfig.LoadFor(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

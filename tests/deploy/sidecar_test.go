@@ -73,7 +73,7 @@ func parseSidecarConfig(data []byte) (*sidecarConfig, error) {
 }
 
 // breakerVerdict is the longest extauthz takes to mark a frozen Redis down
-// (internal/quota/breaker.go: a 50ms stall, a 25ms watch tick and a
+// (internal/breaker/breaker.go: a 50ms stall, a 25ms watch tick and a
 // 100ms probe); a decision in flight then falls back at once. Envoy's
 // ext_authz timeout must be longer, or such decisions become Envoy's
 // failure_mode answer instead of extauthz's fallback.

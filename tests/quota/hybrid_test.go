@@ -282,7 +282,7 @@ func TestHybridReturnsUnspentTokens(t *testing.T) {
 	}
 	far := used()
 	clk.Advance(1100 * time.Millisecond)
-	r.h.Sweep(clk.Now(), time.Second, "idle")
+	r.h.Sweep(clk.Now(), time.Second, redisstore.ReturnIdle)
 	if u, c := used(), returnCalls(); u != far || c != 0 {
 		t.Fatalf("far from the limit an idle lease went back: %v in use (was %v), %v return calls", u, far, c)
 	}
@@ -294,12 +294,12 @@ func TestHybridReturnsUnspentTokens(t *testing.T) {
 		t.Fatalf("Redis shows %v tokens in use; expected the 600 spent plus an unspent slice", before)
 	}
 	clk.Advance(500 * time.Millisecond)
-	r.h.Sweep(clk.Now(), time.Second, "idle")
+	r.h.Sweep(clk.Now(), time.Second, redisstore.ReturnIdle)
 	if u := used(); u != before {
 		t.Fatalf("returned before the slice was idle: %v in use, was %v", u, before)
 	}
 	clk.Advance(600 * time.Millisecond)
-	r.h.Sweep(clk.Now(), time.Second, "idle")
+	r.h.Sweep(clk.Now(), time.Second, redisstore.ReturnIdle)
 	if u := used(); u < 599.9 || u > 600.1 {
 		t.Fatalf("after the idle time Redis shows %v tokens in use, want the 600 spent", u)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
 )
 
 // The counters API's store operations against a real Redis, for every
@@ -80,7 +81,7 @@ func TestHybridForgetDropsLeasedTokens(t *testing.T) {
 	if in, _ := rep.h.Inspect(ctx, "k", l, clk.Now()); in.Leased != 0 {
 		t.Fatalf("after Forget, %d tokens still leased", in.Leased)
 	}
-	rep.h.Sweep(clk.Now().Add(time.Hour), 0, "idle")
+	rep.h.Sweep(clk.Now().Add(time.Hour), 0, redisstore.ReturnIdle)
 	if n := testutil.ToFloat64(rep.m.TokensReturned.WithLabelValues("idle")); n != 0 {
 		t.Fatalf("%v forgotten tokens were given back", n)
 	}

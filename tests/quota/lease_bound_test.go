@@ -98,7 +98,7 @@ func testLeaseBound(t *testing.T, srv *testredis.Server, a quota.Algorithm, seed
 		case x < 35:
 			// A sweep: idle leases go back (where the bucket is short, or
 			// all of them, as at shutdown).
-			reason := []string{"idle", "shutdown"}[rng.IntN(2)]
+			reason := []redisstore.GiveBackReason{redisstore.ReturnIdle, redisstore.ReturnShutdown}[rng.IntN(2)]
 			reps[rng.IntN(len(reps))].h.Sweep(clk.Now(), 0, reason)
 			continue
 		case x < 36:

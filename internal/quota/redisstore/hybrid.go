@@ -230,7 +230,7 @@ type giveback struct {
 	algorithm quota.Algorithm
 	window    time.Duration
 	lease     held
-	reason    string
+	reason    GiveBackReason
 }
 
 var _ quota.Limiter = (*Hybrid)(nil)
@@ -384,7 +384,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		if ls.forgot {
 			h.forgotten()
 		} else if old.unspent > 0 {
-			h.opts.Metrics.TokensReturned.WithLabelValues("renewed").Add(float64(old.unspent))
+			h.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnRenewed)).Add(float64(old.unspent))
 		}
 		if ls.granted > 0 {
 			h.opts.Metrics.SlicesLeased.Inc()
@@ -395,7 +395,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 			// gone, so hand the lease back and carry on with a new one.
 			// Redis counts all but the n this request was to spend as
 			// out; all of it goes back, as nothing was spent.
-			h.enqueue(giveback{key: key, algorithm: l.Algorithm, window: l.Window, lease: held{id: ls.id, granted: ls.granted - n, unspent: ls.granted}, reason: "evicted"})
+			h.enqueue(giveback{key: key, algorithm: l.Algorithm, window: l.Window, lease: held{id: ls.id, granted: ls.granted - n, unspent: ls.granted}, reason: ReturnEvicted})
 			e = stateLocked(sh, key)
 			continue
 		}
@@ -450,7 +450,7 @@ func (h *Hybrid) budget(ctx context.Context, key string, l quota.Limit, n int64,
 	e := stateLocked(sh, key)
 	e.lastUsed = now.UnixNano()
 	if e.flight == nil && (e.granted > 0 || e.tokens > 0 || e.lapsed > 0) {
-		h.enqueue(h.heldBack(key, e, now.UnixNano(), "reload"))
+		h.enqueue(h.heldBack(key, e, now.UnixNano(), ReturnReload))
 		e.dropLeaseLocked()
 	}
 	var debt int64
@@ -473,7 +473,7 @@ func (h *Hybrid) budget(ctx context.Context, key string, l quota.Limit, n int64,
 
 // heldBack is the give-back of the lease e holds for key as of ns,
 // unspent tokens and all.
-func (h *Hybrid) heldBack(key string, e *keyState, ns int64, reason string) giveback {
+func (h *Hybrid) heldBack(key string, e *keyState, ns int64, reason GiveBackReason) giveback {
 	return giveback{key: key, algorithm: e.algorithm, window: e.window, lease: h.retiringLocked(e, ns), reason: reason}
 }
 
@@ -515,7 +515,7 @@ func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time
 		return false
 	}
 	if e.algorithm != l.Algorithm {
-		h.enqueue(h.heldBack(key, e, now.UnixNano(), "reload"))
+		h.enqueue(h.heldBack(key, e, now.UnixNano(), ReturnReload))
 		e.dropLeaseLocked()
 		return false
 	}
@@ -533,7 +533,7 @@ func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time
 func (h *Hybrid) expireLocked(e *keyState) {
 	e.parked = 0 // stopped, and no longer counted: nothing to give back
 	if e.tokens > 0 {
-		h.opts.Metrics.TokensReturned.WithLabelValues("expired").Add(float64(e.tokens))
+		h.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnExpired)).Add(float64(e.tokens))
 		if e.algorithm != quota.TokenBucket {
 			e.lapsed += e.tokens
 		}
@@ -615,7 +615,7 @@ func (h *Hybrid) Refund(ctx context.Context, key string, l quota.Limit, n int64,
 		return nil
 	}
 	sh.Unlock()
-	h.enqueue(giveback{key: key, algorithm: l.Algorithm, window: l.Window, lease: held{unspent: n}, reason: "refund"})
+	h.enqueue(giveback{key: key, algorithm: l.Algorithm, window: l.Window, lease: held{unspent: n}, reason: ReturnRefund})
 	return nil
 }
 
@@ -638,7 +638,7 @@ func (h *Hybrid) evicted(key string, e *keyState) {
 		if !now.Before(e.until) {
 			h.expireLocked(e)
 		}
-		h.enqueue(h.heldBack(key, e, now.UnixNano(), "evicted"))
+		h.enqueue(h.heldBack(key, e, now.UnixNano(), ReturnEvicted))
 		e.dropLeaseLocked()
 	}
 }
@@ -690,7 +690,7 @@ func (h *Hybrid) giveBack(ctx context.Context, g giveback) {
 		return // the lease ends by itself; a lost return only under-uses the count
 	}
 	if g.lease.unspent > 0 {
-		h.opts.Metrics.TokensReturned.WithLabelValues(g.reason).Add(float64(g.lease.unspent))
+		h.opts.Metrics.TokensReturned.WithLabelValues(string(g.reason)).Add(float64(g.lease.unspent))
 	}
 }
 
@@ -705,7 +705,7 @@ func (h *Hybrid) sweepLoop() {
 		case <-h.stop:
 			return
 		case <-t.C:
-			h.Sweep(h.opts.Now(), h.opts.SliceIdle, "idle")
+			h.Sweep(h.opts.Now(), h.opts.SliceIdle, ReturnIdle)
 		}
 	}
 }
@@ -714,9 +714,9 @@ func (h *Hybrid) sweepLoop() {
 // ended is dropped (no call: Redis stops counting it by itself); one
 // unused for at least idle goes back to Redis when its bucket was last
 // seen below half full, where other replicas may be short of its tokens
-// (idle "idle"), or always (any other reason: Close gives everything
-// back with idle 0).
-func (h *Hybrid) Sweep(now time.Time, idle time.Duration, reason string) {
+// (ReturnIdle), or always (any other reason: Close gives everything
+// back with idle 0; GiveBackReason.givesBackAll).
+func (h *Hybrid) Sweep(now time.Time, idle time.Duration, reason GiveBackReason) {
 	ns := now.UnixNano()
 	h.holdersMu.Lock()
 	keys := make([]string, 0, len(h.holders))
@@ -742,7 +742,7 @@ func (h *Hybrid) Sweep(now time.Time, idle time.Duration, reason string) {
 			}
 			delete(h.holders, key)
 			e.holding = false
-		case ns-e.lastUsed >= int64(idle) && e.flight == nil && (reason != "idle" || 2*e.remote < e.capacity):
+		case ns-e.lastUsed >= int64(idle) && e.flight == nil && (reason.givesBackAll() || 2*e.remote < e.capacity):
 			g = h.heldBack(key, e, ns, reason)
 			e.dropLeaseLocked()
 			delete(h.holders, key)
@@ -770,7 +770,7 @@ func (h *Hybrid) Close(ctx context.Context) {
 		}
 		break
 	}
-	h.Sweep(h.opts.Now(), 0, "shutdown")
+	h.Sweep(h.opts.Now(), 0, ReturnShutdown)
 }
 
 // forgetExact is how long after learning that Redis forgot a replica

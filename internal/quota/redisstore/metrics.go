@@ -1,6 +1,10 @@
 package redisstore
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/extauthz/extauthz/internal/breaker"
+)
 
 // Metrics are the collectors of the Redis-backed limiters. Create them once
 // per process with NewMetrics; the zero value is not usable.
@@ -24,8 +28,8 @@ type Metrics struct {
 	SlicesLeased prometheus.Counter
 	TokensLeased prometheus.Counter
 	// TokensReturned counts unspent hybrid tokens given back to Redis, by
-	// reason (renewed: with the key's next lease; idle, evicted, shutdown,
-	// refund, reload), and those whose lease ended unspent (expired: never
+	// reason (a GiveBackReason: renewed, idle, evicted, shutdown, refund,
+	// reload, late), and those whose lease ended unspent (expired: never
 	// given back, they stop counting in Redis by themselves).
 	TokensReturned *prometheus.CounterVec
 	// LeaseWaits counts hybrid decisions that waited for another request's
@@ -79,7 +83,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		TokensReturned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "hybrid_tokens_returned_total",
-			Help: "Unspent hybrid tokens given back to Redis, by reason (renewed, idle, evicted, shutdown, refund, reload); expired: unspent when their lease ended, never given back.",
+			Help: "Unspent hybrid tokens given back to Redis, by reason (renewed, idle, evicted, shutdown, refund, reload, late); expired: unspent when their lease ended, never given back.",
 		}, []string{"reason"}),
 		LeaseWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "hybrid_lease_waits_total",
@@ -100,8 +104,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	// Series that exist from the start, so dashboards and alerts see 0
 	// rather than nothing.
-	for _, reason := range []string{"idle", "evicted", "shutdown", "refund", "expired"} {
-		m.TokensReturned.WithLabelValues(reason)
+	for _, reason := range giveBackReasons {
+		m.TokensReturned.WithLabelValues(string(reason))
 	}
 	for _, how := range []string{"epoch", "run_id"} {
 		m.StateLost.WithLabelValues(how)
@@ -111,4 +115,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.TokensReturned, m.LeaseWaits, m.Peers, m.StateLost, m.LeasesForgotten)
 	}
 	return m
+}
+
+// breakerMetrics returns the collectors the breaker writes to.
+func (m *Metrics) breakerMetrics() breaker.Metrics {
+	return breaker.Metrics{Calls: m.Calls, Up: m.Up, Opened: m.BreakerOpened, NodesDown: m.NodesDown}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/extauthz/extauthz/internal/breaker"
 	"github.com/extauthz/extauthz/internal/quota"
 	"github.com/extauthz/extauthz/internal/tracing"
 )
@@ -49,12 +50,12 @@ type StoreOptions struct {
 	// own clock, so the algorithm scripts then keep keys a minute at least.
 	Clock func() time.Time
 	// StallAfter, ProbeTimeout and ProbeEvery time the breaker (see the
-	// design note in breaker.go); zero means the Default constants.
+	// design note in package breaker); zero means the Default constants.
 	StallAfter   time.Duration
 	ProbeTimeout time.Duration
 	ProbeEvery   time.Duration
 	// Router, for a Redis Cluster, says which master serves a key: the
-	// breaker then judges each master alone (breaker.go). Nil: one
+	// breaker then judges each master alone (package breaker). Nil: one
 	// breaker for the whole store, as for a standalone server.
 	Router Router
 	// NodeProbe returns the client a Cluster master's probes use: one
@@ -64,14 +65,14 @@ type StoreOptions struct {
 }
 
 // Store runs the limiter scripts against Redis. Every call has a deadline.
-// The breaker (breaker.go) marks Redis down when it is unavailable (a
+// The breaker (package breaker) marks Redis down when it is unavailable (a
 // Cluster: master by master); calls then fail at once with ErrStoreDown,
 // so no decision waits on an unreachable Redis, while a probe tests
 // whether it is back.
 type Store struct {
 	rdb     rediser
 	opts    StoreOptions
-	breaker *breaker
+	breaker *breaker.Breaker
 	// warmed runs after Warm has loaded the scripts: Peers reads the
 	// state's Identity there, so a Redis that comes back having lost what
 	// was written is known as such before the breaker lets decisions
@@ -103,7 +104,7 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 		opts.Metrics = NewMetrics(nil)
 	}
 	s := &Store{rdb: rdb, opts: opts}
-	s.breaker = newBreaker(&storeProber{probeClient: opts.Probe, nodeProbe: opts.NodeProbe, router: opts.Router}, breakerOptions{
+	s.breaker = breaker.New(newProber(opts), breaker.Options{
 		StallAfter:   opts.StallAfter,
 		ProbeTimeout: opts.ProbeTimeout,
 		ProbeEvery:   opts.ProbeEvery,
@@ -111,10 +112,10 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 		Cluster:      opts.Router != nil,
 		WholeKey:     s.peersKey(),
 		Warm:         s.Warm,
-		Metrics:      opts.Metrics,
+		Metrics:      opts.Metrics.breakerMetrics(),
 		Log:          opts.Log,
 	})
-	s.breaker.start()
+	s.breaker.Start()
 	return s
 }
 
@@ -134,7 +135,7 @@ func (s *Store) Warm(ctx context.Context) error {
 }
 
 // Close stops the watch. It does not close the clients.
-func (s *Store) Close() { s.breaker.close() }
+func (s *Store) Close() { s.breaker.Close() }
 
 // AwaitVerdict waits, at most until ctx is done, for the confirmation
 // probe that a failed call for partition started, and reports whether the
@@ -144,7 +145,7 @@ func (s *Store) Close() { s.breaker.close() }
 // is answered as what it may be: a call that ran. (If the slot map moved
 // partition to another master meanwhile, that master's verdict answers.)
 func (s *Store) AwaitVerdict(ctx context.Context, partition string) (down bool) {
-	return s.breaker.awaitVerdict(ctx, s.breaker.nodeFor(ctx, s.key(partition)))
+	return s.breaker.AwaitVerdict(ctx, s.breaker.NodeFor(ctx, s.key(partition)))
 }
 
 // key returns the Redis key of a partition: the prefix, then the partition
@@ -189,9 +190,9 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 // connection's read timeout is read all the same: a slow link answers
 // most abandoned calls this way.
 func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, keys []string, late func(v any), args ...any) (any, error) {
-	n := s.breaker.nodeFor(ctx, keys[0])
-	o := n.outage.Load()
-	if n.down.Load() {
+	n := s.breaker.NodeFor(ctx, keys[0])
+	o := n.Outage()
+	if n.Down() {
 		return nil, ErrStoreDown
 	}
 	start := time.Now()
@@ -209,10 +210,10 @@ func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, ke
 	// fate settles who has the reply: the decision (callAnswered) or,
 	// once it stopped waiting (callAbandoned), late.
 	var fate atomic.Int32
-	n.begin(start.UnixNano())
+	n.Begin(start.UnixNano())
 	go func() {
 		v, err := script.Run(callCtx, s.rdb, keys, args...).Result()
-		n.end(time.Now().UnixNano(), err == nil)
+		n.End(time.Now().UnixNano(), err == nil)
 		if fate.CompareAndSwap(callPending, callAnswered) {
 			res <- result{v, err}
 			return
@@ -227,8 +228,8 @@ func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, ke
 	select {
 	case r := <-res:
 		v, err, answered = r.v, r.err, true
-	case <-o.ctx.Done():
-		err = o.ctx.Err()
+	case <-o.Done():
+		err = o.Err()
 	case <-callCtx.Done():
 		err = callCtx.Err()
 	}
@@ -242,7 +243,7 @@ func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, ke
 	switch {
 	case err == nil:
 		s.opts.Metrics.Calls.WithLabelValues(op, "ok").Inc()
-	case o.ctx.Err() != nil:
+	case o.Err() != nil:
 		s.opts.Metrics.Calls.WithLabelValues(op, "abandoned").Inc()
 		err = ErrStoreDown
 	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
@@ -253,7 +254,7 @@ func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, ke
 		s.opts.Metrics.Calls.WithLabelValues(op, "error").Inc()
 	default:
 		s.opts.Metrics.Calls.WithLabelValues(op, resultOf(err)).Inc()
-		s.breaker.suspect(n, err)
+		s.breaker.Suspect(n, err)
 	}
 	tracing.RedisCall(ctx, op, start, done, err) // a child of the Check's span, when one records
 	return v, err
@@ -396,7 +397,7 @@ func (s *Store) undoLate(partition string, a leaseAsk, v any) {
 	// granted token goes back, as nothing was spent.
 	h := held{id: ls.id, granted: max(ls.granted-a.spent, 0)}
 	if _, err := s.giveBack(context.Background(), partition, back, h); err == nil {
-		s.opts.Metrics.TokensReturned.WithLabelValues("late").Add(float64(back))
+		s.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnLate)).Add(float64(back))
 	}
 }
 
@@ -505,7 +506,7 @@ func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration, pro
 // leave removes replica id from the heartbeat set at shutdown, so peers
 // stop counting it at once rather than after the ttl.
 func (s *Store) leave(ctx context.Context, id string) error {
-	if s.breaker.nodeFor(ctx, s.peersKey()).down.Load() {
+	if s.breaker.NodeFor(ctx, s.peersKey()).Down() {
 		return ErrStoreDown
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout*5)

@@ -1,4 +1,4 @@
-package redisstore
+package breaker
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -26,6 +27,20 @@ const (
 	probeEvery   = DefaultProbeEvery   // 500ms
 	callTimeout  = 150 * time.Millisecond
 )
+
+// t0 is where the fake clock starts.
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// newMetrics returns the breaker's collectors under the names the store
+// registers them by (redisstore.NewMetrics), registered nowhere.
+func newMetrics() Metrics {
+	return Metrics{
+		Calls:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "extauthz_redis_calls_total"}, []string{"op", "result"}),
+		Up:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "extauthz_redis_up"}),
+		Opened:    prometheus.NewCounter(prometheus.CounterOpts{Name: "extauthz_redis_breaker_opened_total"}),
+		NodesDown: prometheus.NewGauge(prometheus.GaugeOpts{Name: "extauthz_redis_nodes_down"}),
+	}
+}
 
 type fakeClock struct {
 	mu sync.Mutex
@@ -61,7 +76,7 @@ type fakeProber struct {
 	reloads int
 }
 
-func (p *fakeProber) probe(addr, key string, timeout time.Duration) error {
+func (p *fakeProber) Probe(addr, key string, timeout time.Duration) error {
 	c := probeCall{addr, key, timeout}
 	p.mu.Lock()
 	p.probes = append(p.probes, c)
@@ -73,7 +88,7 @@ func (p *fakeProber) probe(addr, key string, timeout time.Duration) error {
 	return reply(c)
 }
 
-func (p *fakeProber) master(_ context.Context, key string) (string, error) {
+func (p *fakeProber) Master(_ context.Context, key string) (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lookups++
@@ -83,7 +98,7 @@ func (p *fakeProber) master(_ context.Context, key string) (string, error) {
 	return "", errors.New("no slot map")
 }
 
-func (p *fakeProber) reloadSlots() {
+func (p *fakeProber) ReloadSlots() {
 	p.mu.Lock()
 	p.reloads++
 	p.mu.Unlock()
@@ -138,10 +153,10 @@ func (w *lockedBuffer) String() string {
 }
 
 type breakerRig struct {
-	b     *breaker
+	b     *Breaker
 	clock *fakeClock
 	p     *fakeProber
-	m     *Metrics
+	m     Metrics
 	log   *lockedBuffer
 	warms chan struct{} // one value per Warm
 }
@@ -150,11 +165,11 @@ func newBreakerRig(cluster bool) *breakerRig {
 	r := &breakerRig{
 		clock: &fakeClock{t: t0},
 		p:     &fakeProber{masters: map[string]string{}},
-		m:     NewMetrics(nil),
+		m:     newMetrics(),
 		log:   &lockedBuffer{},
 		warms: make(chan struct{}, 16),
 	}
-	r.b = newBreaker(r.p, breakerOptions{
+	r.b = New(r.p, Options{
 		StallAfter:   stallAfter,
 		ProbeTimeout: probeTimeout,
 		ProbeEvery:   probeEvery,
@@ -171,11 +186,11 @@ func newBreakerRig(cluster bool) *breakerRig {
 
 // verdict waits for n's running confirmation, if any, and reports
 // whether n is down.
-func (r *breakerRig) verdict(t *testing.T, n *node) bool {
+func (r *breakerRig) verdict(t *testing.T, n *Node) bool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	down := r.b.awaitVerdict(ctx, n)
+	down := r.b.AwaitVerdict(ctx, n)
 	if ctx.Err() != nil {
 		t.Fatal("no verdict")
 	}
@@ -184,13 +199,13 @@ func (r *breakerRig) verdict(t *testing.T, n *node) bool {
 
 // running returns the verdict of n's running confirmation, nil when none
 // runs: suspect starts one before it returns.
-func (r *breakerRig) running(n *node) chan struct{} {
+func (r *breakerRig) running(n *Node) chan struct{} {
 	n.verdictMu.Lock()
 	defer n.verdictMu.Unlock()
 	return n.verdict
 }
 
-func (r *breakerRig) confirming(n *node) bool { return r.running(n) != nil }
+func (r *breakerRig) confirming(n *Node) bool { return r.running(n) != nil }
 
 func (r *breakerRig) calls(op, result string) int {
 	return int(testutil.ToFloat64(r.m.Calls.WithLabelValues(op, result)))
@@ -198,7 +213,7 @@ func (r *breakerRig) calls(op, result string) int {
 
 // state is what the metrics say of the store: up, nodes down, breakers opened.
 func (r *breakerRig) state() string {
-	return fmt.Sprintf("up %v, down %v, opened %v", testutil.ToFloat64(r.m.Up), testutil.ToFloat64(r.m.NodesDown), testutil.ToFloat64(r.m.BreakerOpened))
+	return fmt.Sprintf("up %v, down %v, opened %v", testutil.ToFloat64(r.m.Up), testutil.ToFloat64(r.m.NodesDown), testutil.ToFloat64(r.m.Opened))
 }
 
 var (
@@ -217,11 +232,11 @@ func (r *breakerRig) answerAfter(d time.Duration, err error) func(probeCall) err
 // starts no more confirmations while it is open.
 func TestBreakerSuspicionAndConfirmation(t *testing.T) {
 	r := newBreakerRig(false)
-	n := r.b.nodeFor(context.Background(), "rl:{k}")
+	n := r.b.NodeFor(context.Background(), "rl:{k}")
 	if n != r.b.whole {
 		t.Fatal("a standalone server is judged by one breaker")
 	}
-	r.b.suspect(n, errIO)
+	r.b.Suspect(n, errIO)
 	if r.verdict(t, n) {
 		t.Fatal("opened although the probe answered")
 	}
@@ -234,7 +249,7 @@ func TestBreakerSuspicionAndConfirmation(t *testing.T) {
 
 	inFlight := n.outage.Load()
 	r.p.set(r.answerAfter(time.Millisecond, errRefused))
-	r.b.suspect(n, errIO)
+	r.b.Suspect(n, errIO)
 	if !r.verdict(t, n) {
 		t.Fatal("a refused probe did not open the breaker")
 	}
@@ -247,7 +262,7 @@ func TestBreakerSuspicionAndConfirmation(t *testing.T) {
 	if log := r.log.String(); !strings.Contains(log, `msg="redis marked down; policies follow on_redis_error" error="i/o timeout" probe="dial tcp: connection refused"`) || strings.Contains(log, "node=") {
 		t.Fatalf("log:\n%s", log)
 	}
-	r.b.suspect(n, errIO)
+	r.b.Suspect(n, errIO)
 	if r.verdict(t, n); len(r.p.calls()) != 2 {
 		t.Fatalf("a down server was confirmed again: %v", r.p.calls())
 	}
@@ -260,16 +275,16 @@ func TestBreakerConfirmsOnceAtATime(t *testing.T) {
 	n := r.b.whole
 	release := make(chan struct{})
 	r.p.set(func(probeCall) error { <-release; r.clock.Advance(probeTimeout); return context.DeadlineExceeded })
-	r.b.suspect(n, errIO)
+	r.b.Suspect(n, errIO)
 	running := r.running(n)
 	for range 2 {
-		if r.b.suspect(n, errIO); r.running(n) != running {
+		if r.b.Suspect(n, errIO); r.running(n) != running {
 			t.Fatal("a second confirmation started while one runs")
 		}
 	}
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
-	if r.b.awaitVerdict(gone, n) {
+	if r.b.AwaitVerdict(gone, n) {
 		t.Fatal("down before the probe decided")
 	}
 	close(release)
@@ -288,21 +303,21 @@ func TestBreakerSuccessDuringProbeKeepsItClosed(t *testing.T) {
 	r := newBreakerRig(false)
 	n := r.b.whole
 	r.p.set(func(probeCall) error {
-		n.begin(r.clock.Now().UnixNano())
+		n.Begin(r.clock.Now().UnixNano())
 		r.clock.Advance(probeTimeout)
-		n.end(r.clock.Now().UnixNano(), true)
+		n.End(r.clock.Now().UnixNano(), true)
 		return context.DeadlineExceeded
 	})
-	r.b.suspect(n, errIO)
+	r.b.Suspect(n, errIO)
 	if r.verdict(t, n) || r.calls("confirm", "timeout") != 1 || r.state() != "up 1, down 0, opened 0" {
 		t.Fatalf("confirm timeout %d, %s", r.calls("confirm", "timeout"), r.state())
 	}
 
-	n.begin(r.clock.Now().UnixNano())
-	n.end(r.clock.Now().UnixNano(), true)
+	n.Begin(r.clock.Now().UnixNano())
+	n.End(r.clock.Now().UnixNano(), true)
 	r.clock.Advance(time.Nanosecond)
 	r.p.set(r.answerAfter(probeTimeout, context.DeadlineExceeded))
-	r.b.suspect(n, errIO)
+	r.b.Suspect(n, errIO)
 	if !r.verdict(t, n) {
 		t.Fatal("a success before the probe kept the breaker closed")
 	}
@@ -320,8 +335,8 @@ func TestBreakerStallRaisesSuspicion(t *testing.T) {
 	}
 	hold := make(chan struct{})
 	r.p.set(func(probeCall) error { <-hold; r.clock.Advance(probeTimeout); return context.DeadlineExceeded })
-	n.begin(t0.UnixNano())
-	n.begin(t0.Add(10 * ms).UnixNano()) // a second call: the stall clock runs from the first
+	n.Begin(t0.UnixNano())
+	n.Begin(t0.Add(10 * ms).UnixNano()) // a second call: the stall clock runs from the first
 	for _, step := range []struct {
 		at      time.Duration
 		suspect bool
@@ -345,9 +360,9 @@ func TestBreakerStallRaisesSuspicion(t *testing.T) {
 	n = r.b.whole
 	hold = make(chan struct{})
 	r.p.set(func(probeCall) error { <-hold; return nil })
-	n.begin(t0.UnixNano())
-	n.begin(t0.UnixNano())
-	n.end(t0.Add(30*ms).UnixNano(), false) // one finishes: progress, even failed
+	n.Begin(t0.UnixNano())
+	n.Begin(t0.UnixNano())
+	n.End(t0.Add(30*ms).UnixNano(), false) // one finishes: progress, even failed
 	for _, at := range []time.Duration{50 * ms, 79 * ms} {
 		if r.b.watchAt(t0.Add(at)); r.confirming(n) {
 			t.Fatalf("at %v: suspicion 30ms after a call finished", at)
@@ -431,9 +446,9 @@ func TestBreakerTimeoutNoticedLate(t *testing.T) {
 				return c.errs[j]
 			})
 			if c.closing {
-				r.b.close()
+				r.b.Close()
 			}
-			r.b.suspect(r.b.whole, errIO)
+			r.b.Suspect(r.b.whole, errIO)
 			if down := r.verdict(t, r.b.whole); down != c.down {
 				t.Errorf("down %v, want %v", down, c.down)
 			}
@@ -459,12 +474,12 @@ func TestBreakerProbesWhileOpen(t *testing.T) {
 	r := newBreakerRig(false)
 	n := r.b.whole
 	r.p.set(r.answerAfter(time.Millisecond, errRefused))
-	r.b.suspect(n, errIO)
+	r.b.Suspect(n, errIO)
 	if !r.verdict(t, n) {
 		t.Fatal("not down")
 	}
 	opened := r.clock.Now()
-	n.begin(opened.UnixNano()) // abandoned calls are no stall while down
+	n.Begin(opened.UnixNano()) // abandoned calls are no stall while down
 	ms := time.Millisecond
 	for _, step := range []struct {
 		at     time.Duration
@@ -509,13 +524,13 @@ func TestBreakerJudgesEachMasterAlone(t *testing.T) {
 	const a, b, c = "10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"
 	r := newBreakerRig(true)
 	ctx := context.Background()
-	if r.b.nodeFor(ctx, "rl:{x}") != r.b.whole {
+	if r.b.NodeFor(ctx, "rl:{x}") != r.b.whole {
 		t.Fatal("a key with no route is not judged by the whole cluster's breaker")
 	}
 	r.p.route("rl:{x}", a)
 	r.p.route("rl:{y}", b)
-	na, nb := r.b.nodeFor(ctx, "rl:{x}"), r.b.nodeFor(ctx, "rl:{y}")
-	if na == nb || na.addr != a || nb.addr != b || r.b.nodeFor(ctx, "rl:{x}") != na {
+	na, nb := r.b.NodeFor(ctx, "rl:{x}"), r.b.NodeFor(ctx, "rl:{y}")
+	if na == nb || na.addr != a || nb.addr != b || r.b.NodeFor(ctx, "rl:{x}") != na {
 		t.Fatalf("nodes %q %q", na.addr, nb.addr)
 	}
 	select {
@@ -533,8 +548,8 @@ func TestBreakerJudgesEachMasterAlone(t *testing.T) {
 		}
 		return nil
 	})
-	r.b.suspect(na, errIO)
-	r.b.suspect(nb, errIO)
+	r.b.Suspect(na, errIO)
+	r.b.Suspect(nb, errIO)
 	if !r.verdict(t, na) || r.verdict(t, nb) || r.state() != "up 0, down 1, opened 1" {
 		t.Fatalf("a down %v, b down %v, %s", na.down.Load(), nb.down.Load(), r.state())
 	}
@@ -548,7 +563,7 @@ func TestBreakerJudgesEachMasterAlone(t *testing.T) {
 	}
 
 	r.p.set(func(probeCall) error { return redisError("MOVED 3999 " + c) })
-	r.b.suspect(nb, errIO)
+	r.b.Suspect(nb, errIO)
 	if r.verdict(t, nb) || r.p.reloaded() != 1 {
 		t.Fatalf("a redirected probe: down %v, %d slot map reloads", nb.down.Load(), r.p.reloaded())
 	}
@@ -562,7 +577,7 @@ func TestBreakerJudgesEachMasterAlone(t *testing.T) {
 	if r.p.reloaded() != 2 || len(r.p.calls()) != before || r.state() != "up 1, down 0, opened 1" {
 		t.Fatalf("reloads %d, probes %v, %s", r.p.reloaded(), r.p.calls()[before:], r.state())
 	}
-	if nc := r.b.nodeFor(ctx, "rl:{x}"); nc.addr != c || nc.down.Load() {
+	if nc := r.b.NodeFor(ctx, "rl:{x}"); nc.addr != c || nc.down.Load() {
 		t.Fatalf("x is judged by %q (down %v)", nc.addr, nc.down.Load())
 	}
 	if !strings.Contains(r.log.String(), `msg="redis cluster master replaced; its keys return to their mode" node=`+a+" now="+c) {
@@ -571,12 +586,12 @@ func TestBreakerJudgesEachMasterAlone(t *testing.T) {
 
 	// The whole cluster down: keys are not routed, every key has its
 	// breaker.
-	r.b.suspect(r.b.whole, errIO)
+	r.b.Suspect(r.b.whole, errIO)
 	if !r.verdict(t, r.b.whole) {
 		t.Fatal("the whole cluster is not down")
 	}
 	lookups := r.p.looked()
-	if r.b.nodeFor(ctx, "rl:{y}") != r.b.whole || r.p.looked() != lookups {
+	if r.b.NodeFor(ctx, "rl:{y}") != r.b.whole || r.p.looked() != lookups {
 		t.Fatal("a key was routed while the whole cluster is down")
 	}
 }

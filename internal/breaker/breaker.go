@@ -1,4 +1,10 @@
-package redisstore
+// Package breaker marks Redis servers down when they are unavailable and
+// up when they answer again: the judge the Redis-backed store
+// (quota/redisstore) asks before it calls Redis and after a call failed.
+// It knows nothing of quotas, scripts or what a key means; what it needs
+// of Redis is a Prober (RedisProber, over go-redis clients), and its unit
+// tests run it under a fake clock with a fake Prober.
+package breaker
 
 import (
 	"context"
@@ -10,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -67,14 +74,16 @@ import (
 // slot map is known (a cluster unreachable at start-up), the cluster as
 // a whole has one breaker, probed as a standalone server's is.
 
-// Breaker timing defaults (StoreOptions overrides them for tests).
+// Breaker timing defaults (redisstore.StoreOptions overrides them for tests).
 const (
 	DefaultStallAfter   = 50 * time.Millisecond
 	DefaultProbeTimeout = 100 * time.Millisecond
 	DefaultProbeEvery   = 500 * time.Millisecond
 )
 
-// errStalled is the suspicion raised by the watch when calls stall.
+// errStalled is the suspicion raised by the watch when calls stall. (Its
+// text names redisstore, where the breaker was born: operators have
+// seen it in "redis marked down" records.)
 var errStalled = errors.New("redisstore: redis calls stalled")
 
 // Router says which Redis Cluster master serves a key, so that the
@@ -85,23 +94,38 @@ type Router interface {
 	ReloadState(ctx context.Context)
 }
 
-// prober is what the breaker needs of Redis: to ask a server whether it
+// Prober is what the breaker needs of Redis: to ask a server whether it
 // serves, and, for a Cluster, which master serves a key. The store's is
-// storeProber, over its probe clients and its Router.
-type prober interface {
-	// probe runs one key command (EXISTS key) on the probe connection of
+// a RedisProber, over its probe clients and its Router.
+type Prober interface {
+	// Probe runs one key command (EXISTS key) on the probe connection of
 	// the server at addr ("": the standalone server, or a Cluster whose
 	// slot map is unknown), within timeout, and returns its error as the
 	// client gives it: nil, an error reply, or no reply.
-	probe(addr, key string, timeout time.Duration) error
-	// master returns the address of the Cluster master serving key.
-	master(ctx context.Context, key string) (string, error)
-	// reloadSlots asks a Cluster for its slot map again, in the background.
-	reloadSlots()
+	Probe(addr, key string, timeout time.Duration) error
+	// Master returns the address of the Cluster master serving key.
+	Master(ctx context.Context, key string) (string, error)
+	// ReloadSlots asks a Cluster for its slot map again, in the background.
+	ReloadSlots()
 }
 
-// breakerOptions configure a breaker; every field is required but Now.
-type breakerOptions struct {
+// Metrics are the collectors the breaker writes to; the store declares
+// them (redisstore.NewMetrics) under the names operators know.
+type Metrics struct {
+	// Calls counts the breaker's probes by op (confirm: a suspicion's
+	// probe; probe: a down server's) and result (ok, error, timeout,
+	// inconclusive).
+	Calls *prometheus.CounterVec
+	// Up is 1 while no server is marked down.
+	Up prometheus.Gauge
+	// Opened counts the servers marked down.
+	Opened prometheus.Counter
+	// NodesDown is the number of servers marked down now.
+	NodesDown prometheus.Gauge
+}
+
+// Options configure a Breaker; every field is required but Now.
+type Options struct {
 	// StallAfter, ProbeTimeout and ProbeEvery time the breaker (the
 	// design note above).
 	StallAfter, ProbeTimeout, ProbeEvery time.Duration
@@ -115,52 +139,53 @@ type breakerOptions struct {
 	// Warm loads the scripts into Redis: on a master that appears while
 	// the breaker runs, and on a server that is back.
 	Warm    func(context.Context) error
-	Metrics *Metrics
+	Metrics Metrics
 	Log     *slog.Logger
 	// Now is the breaker's clock; nil: time.Now. The calls' instants
-	// (node.begin, node.end) must come from the same clock.
+	// (Node.Begin, Node.End) must come from the same clock.
 	Now func() time.Time
 }
 
-// breaker marks Redis servers down when they are unavailable and up when
+// Breaker marks Redis servers down when they are unavailable and up when
 // they answer again (the design note above). It is safe for concurrent
-// use; watch runs on one goroutine.
-type breaker struct {
-	p    prober
-	opts breakerOptions
+// use; watch runs on one goroutine. New returns one; Start runs its
+// watch until Close.
+type Breaker struct {
+	p    Prober
+	opts Options
 
 	// whole is the breaker of a standalone server, and of a Cluster
 	// whose slot map is unknown; nodes, a Cluster's masters by address.
-	whole   *node
+	whole   *Node
 	nodesMu sync.RWMutex
-	nodes   map[string]*node
+	nodes   map[string]*Node
 	// listed is nodes as a slice, replaced (never changed) under nodesMu
 	// whenever nodes changes, so the watch's tick walks it without
 	// copying or locking: a fleet of many stores ticks 40 times a second.
-	listed    atomic.Pointer[[]*node]
+	listed    atomic.Pointer[[]*Node]
 	downNodes atomic.Int64
 
 	// closed: the store is closing; nothing is marked down from now on.
 	closed   atomic.Bool
-	stop     chan struct{} // closed by close: the watch ends
+	stop     chan struct{} // closed by Close: the watch ends
 	stopOnce sync.Once
 	wg       sync.WaitGroup
 }
 
-func newBreaker(p prober, o breakerOptions) *breaker {
+func New(p Prober, o Options) *Breaker {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	b := &breaker{p: p, opts: o, nodes: map[string]*node{}, stop: make(chan struct{})}
+	b := &Breaker{p: p, opts: o, nodes: map[string]*Node{}, stop: make(chan struct{})}
 	b.whole = newNode("", o.WholeKey)
 	o.Metrics.Up.Set(1)
 	return b
 }
 
-func (b *breaker) now() time.Time { return b.opts.Now() }
+func (b *Breaker) now() time.Time { return b.opts.Now() }
 
-// start runs the watch (watchAt every tick) until close.
-func (b *breaker) start() {
+// Start runs the watch (watchAt every tick) until Close.
+func (b *Breaker) Start() {
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
@@ -168,9 +193,9 @@ func (b *breaker) start() {
 	}()
 }
 
-// close stops marking servers down (a probe that fails while the store
+// Close stops marking servers down (a probe that fails while the store
 // closes says nothing about Redis) and stops the watch.
-func (b *breaker) close() {
+func (b *Breaker) Close() {
 	b.closed.Store(true)
 	b.stopOnce.Do(func() { close(b.stop) })
 	b.wg.Wait()
@@ -188,9 +213,9 @@ func newOutage() *outage {
 	return &outage{ctx: ctx, cancel: cancel}
 }
 
-// node is the breaker of one Redis server: the standalone server (or a
+// Node is the breaker of one Redis server: the standalone server (or a
 // Cluster whose slot map is unknown), addr empty; or one Cluster master.
-type node struct {
+type Node struct {
 	addr string
 	key  string // a key this server served when first seen, for its probes
 
@@ -211,20 +236,28 @@ type node struct {
 	lastProbe time.Time // the watch's last probe while down; the watch's alone
 }
 
-func newNode(addr, key string) *node {
-	n := &node{addr: addr, key: key}
+func newNode(addr, key string) *Node {
+	n := &Node{addr: addr, key: key}
 	n.outage.Store(newOutage())
 	return n
 }
 
-// nodeFor returns the breaker that judges calls for key.
-func (b *breaker) nodeFor(ctx context.Context, key string) *node {
+// Down reports whether n is marked down: its calls fail at once.
+func (n *Node) Down() bool { return n.down.Load() }
+
+// Outage returns the context of n's current outage: canceled when n is
+// marked down, so that a call in flight gives up at once. Read it before
+// the call starts (and Down after), so that a marking in between is seen.
+func (n *Node) Outage() context.Context { return n.outage.Load().ctx }
+
+// NodeFor returns the breaker that judges calls for key.
+func (b *Breaker) NodeFor(ctx context.Context, key string) *Node {
 	if !b.opts.Cluster || b.whole.down.Load() {
 		// Standalone; or a Cluster that has never answered (no slot
 		// map): routing would only wait on it again.
 		return b.whole
 	}
-	addr, err := b.p.master(ctx, key)
+	addr, err := b.p.Master(ctx, key)
 	if err != nil {
 		return b.whole
 	}
@@ -238,7 +271,7 @@ func (b *breaker) nodeFor(ctx context.Context, key string) *node {
 }
 
 // addNode starts judging the master at addr, first seen serving key.
-func (b *breaker) addNode(addr, key string) *node {
+func (b *Breaker) addNode(addr, key string) *Node {
 	b.nodesMu.Lock()
 	defer b.nodesMu.Unlock()
 	if n := b.nodes[addr]; n != nil {
@@ -261,7 +294,7 @@ func (b *breaker) addNode(addr, key string) *node {
 }
 
 // eachNode calls fn for every node: the whole store's, then each master's.
-func (b *breaker) eachNode(fn func(*node)) {
+func (b *Breaker) eachNode(fn func(*Node)) {
 	fn(b.whole)
 	if !b.opts.Cluster {
 		return
@@ -274,8 +307,8 @@ func (b *breaker) eachNode(fn func(*node)) {
 }
 
 // listLocked replaces listed after a change to nodes; nodesMu is held.
-func (b *breaker) listLocked() {
-	nodes := make([]*node, 0, len(b.nodes))
+func (b *Breaker) listLocked() {
+	nodes := make([]*Node, 0, len(b.nodes))
 	for _, n := range b.nodes {
 		nodes = append(nodes, n)
 	}
@@ -283,22 +316,22 @@ func (b *breaker) listLocked() {
 }
 
 // logAttrs names n in log records; the standalone server needs no name.
-func (n *node) logAttrs(args ...any) []any {
+func (n *Node) logAttrs(args ...any) []any {
 	if n.addr != "" {
 		args = append(args, "node", n.addr)
 	}
 	return args
 }
 
-// begin records a call starting at ns.
-func (n *node) begin(ns int64) {
+// Begin records a call starting at ns (unix ns, on Options.Now's clock).
+func (n *Node) Begin(ns int64) {
 	if n.inflight.Add(1) == 1 {
 		n.progress.Store(ns) // nothing was pending: the stall clock starts now
 	}
 }
 
-// end records a call finishing at ns, successfully or not.
-func (n *node) end(ns int64, ok bool) {
+// End records a call finishing at ns, successfully or not.
+func (n *Node) End(ns int64, ok bool) {
 	n.inflight.Add(-1)
 	n.progress.Store(ns)
 	if ok {
@@ -306,9 +339,9 @@ func (n *node) end(ns int64, ok bool) {
 	}
 }
 
-// suspect starts a confirmation probe of n unless one is running or n is
+// Suspect starts a confirmation probe of n unless one is running or n is
 // already down.
-func (b *breaker) suspect(n *node, cause error) {
+func (b *Breaker) Suspect(n *Node, cause error) {
 	n.verdictMu.Lock()
 	if n.down.Load() || n.verdict != nil {
 		n.verdictMu.Unlock()
@@ -323,7 +356,7 @@ func (b *breaker) suspect(n *node, cause error) {
 // confirm probes n on its own connection and opens its breaker if the
 // probe fails and no call succeeded while it ran. It closes done when the
 // verdict is in.
-func (b *breaker) confirm(n *node, cause error, done chan struct{}) {
+func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 	defer func() {
 		n.verdictMu.Lock()
 		n.verdict = nil
@@ -339,10 +372,10 @@ func (b *breaker) confirm(n *node, cause error, done chan struct{}) {
 			return
 		}
 		if n.lastOK.Load() >= began.UnixNano() {
-			b.opts.Metrics.Calls.WithLabelValues("confirm", resultOf(err)).Inc()
+			b.opts.Metrics.Calls.WithLabelValues("confirm", Result(err)).Inc()
 			return // a decision's call got through meanwhile: Redis answers
 		}
-		if late := b.now().Sub(began) - timeout; isTimeout(err) && late > timeout/5 && !b.closed.Load() {
+		if late := b.now().Sub(began) - timeout; IsTimeout(err) && late > timeout/5 && !b.closed.Load() {
 			// The timeout was noticed late: this process was not running
 			// when the probe's deadline passed (a CPU limit, a starved
 			// machine), and Redis's answer may have been waiting to be
@@ -353,18 +386,19 @@ func (b *breaker) confirm(n *node, cause error, done chan struct{}) {
 			timeout = max(timeout*7/10, b.opts.ProbeTimeout/2)
 			continue
 		}
-		b.opts.Metrics.Calls.WithLabelValues("confirm", resultOf(err)).Inc()
+		b.opts.Metrics.Calls.WithLabelValues("confirm", Result(err)).Inc()
 		b.markDown(n, cause, err)
 		return
 	}
 }
 
 // tick is the watch's period.
-func (b *breaker) tick() time.Duration { return max(b.opts.StallAfter/2, time.Millisecond) }
+func (b *Breaker) tick() time.Duration { return max(b.opts.StallAfter/2, time.Millisecond) }
 
-// awaitVerdict waits, at most until ctx is done, for the confirmation
-// probe running for n, and reports whether n is down (Store.AwaitVerdict).
-func (b *breaker) awaitVerdict(ctx context.Context, n *node) (down bool) {
+// AwaitVerdict waits, at most until ctx is done, for the confirmation
+// probe running for n, and reports whether n is down
+// (redisstore.Store.AwaitVerdict).
+func (b *Breaker) AwaitVerdict(ctx context.Context, n *Node) (down bool) {
 	n.verdictMu.Lock()
 	done := n.verdict
 	n.verdictMu.Unlock()
@@ -381,14 +415,14 @@ func (b *breaker) awaitVerdict(ctx context.Context, n *node) (down bool) {
 // a Redis Cluster that has lost a master still answers PING but refuses
 // keys with CLUSTERDOWN. A master asked for a key whose slot it no longer
 // serves answers MOVED: it is up, and the slot map is stale.
-func (b *breaker) probeOnce(n *node, timeout time.Duration) error {
-	err := b.p.probe(n.addr, n.key, timeout)
+func (b *Breaker) probeOnce(n *Node, timeout time.Duration) error {
+	err := b.p.Probe(n.addr, n.key, timeout)
 	if n.addr == "" {
 		return err
 	}
-	if err != nil && !unavailable(err) {
+	if err != nil && !Unavailable(err) {
 		if redirected(err) {
-			b.p.reloadSlots()
+			b.p.ReloadSlots()
 		}
 		return nil // the master answered
 	}
@@ -407,19 +441,19 @@ func redirected(err error) bool {
 
 // markDown opens n's breaker: its calls fail at once, those in flight
 // give up.
-func (b *breaker) markDown(n *node, cause, probeErr error) {
+func (b *Breaker) markDown(n *Node, cause, probeErr error) {
 	if b.closed.Load() || !n.down.CompareAndSwap(false, true) {
 		return
 	}
 	b.nodeDown(1)
-	b.opts.Metrics.BreakerOpened.Inc()
+	b.opts.Metrics.Opened.Inc()
 	n.outage.Load().cancel()
 	b.opts.Log.Warn("redis marked down; policies follow on_redis_error",
 		n.logAttrs("error", cause.Error(), "probe", probeErr.Error())...)
 }
 
 // markUp closes n's breaker after a probe answered.
-func (b *breaker) markUp(n *node) {
+func (b *Breaker) markUp(n *Node) {
 	wctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	if err := b.opts.Warm(wctx); err != nil { // a restarted Redis has an empty script cache
 		b.opts.Log.Debug("loading scripts after redis came back", "error", err.Error())
@@ -433,7 +467,7 @@ func (b *breaker) markUp(n *node) {
 
 // nodeDown counts a node marked down (+1) or back (-1): the store is up
 // (extauthz_redis_up 1) while no node is down.
-func (b *breaker) nodeDown(delta int64) {
+func (b *Breaker) nodeDown(delta int64) {
 	down := b.downNodes.Add(delta)
 	b.opts.Metrics.NodesDown.Set(float64(down))
 	if down == 0 {
@@ -443,8 +477,8 @@ func (b *breaker) nodeDown(delta int64) {
 	}
 }
 
-// watch runs watchAt every tick until close.
-func (b *breaker) watch() {
+// watch runs watchAt every tick until Close.
+func (b *Breaker) watch() {
 	tick := time.NewTicker(b.tick())
 	defer tick.Stop()
 	for {
@@ -461,14 +495,14 @@ func (b *breaker) watch() {
 // watchAt raises suspicion when a node's calls are pending and none has
 // finished for StallAfter (a frozen Redis fails nothing: it only stops
 // answering), and probes each down node every ProbeEvery.
-func (b *breaker) watchAt(now time.Time) {
-	b.eachNode(func(n *node) { b.watchNode(n, now) })
+func (b *Breaker) watchAt(now time.Time) {
+	b.eachNode(func(n *Node) { b.watchNode(n, now) })
 }
 
-func (b *breaker) watchNode(n *node, now time.Time) {
+func (b *Breaker) watchNode(n *Node, now time.Time) {
 	if !n.down.Load() {
 		if n.inflight.Load() > 0 && now.UnixNano()-n.progress.Load() >= int64(b.opts.StallAfter) {
-			b.suspect(n, errStalled)
+			b.Suspect(n, errStalled)
 		}
 		return
 	}
@@ -479,13 +513,13 @@ func (b *breaker) watchNode(n *node, now time.Time) {
 	if n.addr != "" {
 		// A replica may have taken this master's slots: ask for the
 		// map again, and stop judging a master it no longer names.
-		b.p.reloadSlots()
+		b.p.ReloadSlots()
 		if b.forget(n) {
 			return
 		}
 	}
 	if err := b.probeOnce(n, max(b.opts.ProbeTimeout, b.opts.CallTimeout)); err != nil {
-		b.opts.Metrics.Calls.WithLabelValues("probe", resultOf(err)).Inc()
+		b.opts.Metrics.Calls.WithLabelValues("probe", Result(err)).Inc()
 		return
 	}
 	b.opts.Metrics.Calls.WithLabelValues("probe", "ok").Inc()
@@ -494,10 +528,10 @@ func (b *breaker) watchNode(n *node, now time.Time) {
 
 // forget drops down master n once the slot map sends its probe key to
 // another master: its slots were taken over, and keys route there.
-func (b *breaker) forget(n *node) bool {
+func (b *Breaker) forget(n *Node) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), b.opts.ProbeTimeout)
 	defer cancel()
-	addr, err := b.p.master(ctx, n.key)
+	addr, err := b.p.Master(ctx, n.key)
 	if err != nil || addr == n.addr {
 		return false
 	}
@@ -515,37 +549,9 @@ func (b *breaker) forget(n *node) bool {
 	return true
 }
 
-// storeProber is the store's prober: EXISTS on the probe clients (one
-// per Cluster master when the store has NodeProbe), routed by the Router.
-type storeProber struct {
-	probeClient rediser                   // the standalone server's, or the Cluster's as a whole
-	nodeProbe   func(addr string) rediser // nil: probeClient for every master
-	router      Router                    // nil: standalone
-}
-
-func (p *storeProber) probe(addr, key string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	c := p.probeClient
-	if addr != "" && p.nodeProbe != nil {
-		c = p.nodeProbe(addr)
-	}
-	return c.Exists(ctx, key).Err()
-}
-
-func (p *storeProber) master(ctx context.Context, key string) (string, error) {
-	m, err := p.router.MasterForKey(ctx, key)
-	if err != nil {
-		return "", err
-	}
-	return m.Options().Addr, nil
-}
-
-func (p *storeProber) reloadSlots() { p.router.ReloadState(context.Background()) }
-
-// unavailable reports whether err says Redis cannot serve (as opposed to
+// Unavailable reports whether err says Redis cannot serve (as opposed to
 // an error about one key or script, which it answered).
-func unavailable(err error) bool {
+func Unavailable(err error) bool {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {
 		return true // no reply: timeouts, refused or broken connections, a full pool
@@ -559,34 +565,56 @@ func unavailable(err error) bool {
 	return false
 }
 
-// mayHaveRun reports whether a call that failed with err may nevertheless
-// have run in Redis: it timed out or lost its connection after the command
-// was sent. A refused dial, a full pool or an error reply (LOADING,
-// CLUSTERDOWN, a script error) means the script did not run to the end.
-func mayHaveRun(err error) bool {
-	var rerr redis.Error
-	if errors.As(err, &rerr) || errors.Is(err, ErrStoreDown) || errors.Is(err, redis.ErrPoolTimeout) {
-		return false
-	}
-	var oe *net.OpError
-	if errors.As(err, &oe) && oe.Op == "dial" {
-		return false
-	}
-	return true
-}
-
-// resultOf names a failed call's result for extauthz_redis_calls_total.
-func resultOf(err error) string {
-	if isTimeout(err) {
+// Result names a failed call's result for extauthz_redis_calls_total.
+func Result(err error) string {
+	if IsTimeout(err) {
 		return "timeout"
 	}
 	return "error"
 }
 
-func isTimeout(err error) bool {
+// IsTimeout reports whether err is a deadline passed or a network timeout.
+func IsTimeout(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
+
+// Exister is the one command a probe sends: EXISTS, a key command (a
+// go-redis Client or ClusterClient fits).
+type Exister interface {
+	Exists(ctx context.Context, keys ...string) *redis.IntCmd
+}
+
+// RedisProber is the store's Prober: EXISTS on the probe clients (one
+// per Cluster master when NodeProbe is set), routed by the Router.
+type RedisProber struct {
+	Client    Exister                   // the standalone server's, or the Cluster's as a whole
+	NodeProbe func(addr string) Exister // nil: Client for every master
+	Router    Router                    // nil: standalone
+}
+
+// Probe implements Prober.
+func (p *RedisProber) Probe(addr, key string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c := p.Client
+	if addr != "" && p.NodeProbe != nil {
+		c = p.NodeProbe(addr)
+	}
+	return c.Exists(ctx, key).Err()
+}
+
+// Master implements Prober.
+func (p *RedisProber) Master(ctx context.Context, key string) (string, error) {
+	m, err := p.Router.MasterForKey(ctx, key)
+	if err != nil {
+		return "", err
+	}
+	return m.Options().Addr, nil
+}
+
+// ReloadSlots implements Prober.
+func (p *RedisProber) ReloadSlots() { p.Router.ReloadState(context.Background()) }
