@@ -61,9 +61,9 @@ func TestRatelimitXDSUpdatesUnderLoad(t *testing.T) {
 	const maxRounds = 1000
 	var (
 		rounds, errs, steadyOK, changingOKUnder5, calls atomic.Int64
-		firstErr                                       atomic.Value
-		done                                           = make(chan struct{})
-		wg                                             sync.WaitGroup
+		firstErr                                        atomic.Value
+		done                                            = make(chan struct{})
+		wg                                              sync.WaitGroup
 	)
 	deadline := time.Now().Add(30 * time.Second)
 	ask := func(route string) *rlsv3.RateLimitResponse {
