@@ -150,3 +150,20 @@ func TestLimitHeaders(t *testing.T) {
 		t.Fatalf("no limit, headers = %v", got)
 	}
 }
+
+// A domain no file defines is answered with the anchor's dynamic metadata
+// too (its domain and descriptors, quotaModeEnabled false), as
+// envoyproxy/ratelimit answers every request with RESPONSE_DYNAMIC_METADATA
+// on (found side by side: TestRatelimitXDSBesideAnchor).
+func TestDynamicMetadataOfAnUnknownDomain(t *testing.T) {
+	f := quotaFixture(t, "rls: {dynamic_metadata: true}")
+	resp := f.call("elsewhere", desc("hard", "a"))
+	md := resp.GetDynamicMetadata().GetFields()
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || md["domain"].GetStringValue() != "elsewhere" || md["quotaModeEnabled"] == nil ||
+		md["descriptors"].GetListValue().GetValues()[0].GetStructValue().GetFields()["entries"].GetListValue().GetValues()[0].GetStringValue() != "hard=a" {
+		t.Fatalf("an unknown domain with dynamic_metadata: %v", resp)
+	}
+	if resp := quotaFixture(t, "").call("elsewhere", desc("hard", "a")); resp.GetDynamicMetadata() != nil {
+		t.Fatalf("an unknown domain without dynamic_metadata carries some: %v", resp)
+	}
+}

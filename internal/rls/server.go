@@ -235,7 +235,12 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 			s.log.Warn("rls: a request names a domain no file defines; its descriptors are not limited (logged once per configuration)",
 				"domain", req.GetDomain(), "domains", len(c.domains))
 		}
-		return noLimits(len(ds)), engine.OK, nil
+		resp := noLimits(len(ds))
+		if c.cfg.RLS.DynamicMetadata {
+			// As the anchor: its metadata on every answer, no limit matched.
+			resp.DynamicMetadata = dynamicMetadata(req, nil, &answer{})
+		}
+		return resp, engine.OK, nil
 	}
 
 	// 1. Each descriptor's rate limit, its partition key and metric name,
