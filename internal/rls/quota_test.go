@@ -56,8 +56,9 @@ func TestQuotaModeIsSoft(t *testing.T) {
 	}
 	resp := f.call("gw", desc("soft", "a"))
 	st := resp.GetStatuses()[0]
-	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != 0 {
-		t.Fatalf("over a quota-mode limit: want overall OK, status OK with 0 remaining; got %v", resp)
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != 0 ||
+		st.GetCurrentLimit() == nil || st.GetDurationUntilReset() != nil {
+		t.Fatalf("over a quota-mode limit: want overall OK, status OK with its limit, 0 remaining and no reset (as the anchor); got %v", resp)
 	}
 	if v := violations(t, resp); len(v) != 1 || v[0] != 0 {
 		t.Fatalf("quotaModeViolations = %v, want [0]", v)
