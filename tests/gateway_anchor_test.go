@@ -232,7 +232,7 @@ func TestRatelimitXDSBesideAnchor(t *testing.T) {
 	overCounts := []string{deniedCountsNothing}
 	t.Run("global shadow mode", func(t *testing.T) { besideAnchor(t, overCounts, "SHADOW_MODE=true") })
 	t.Run("global quota mode", func(t *testing.T) {
-		besideAnchor(t, overCounts, "QUOTA_MODE=true", "RESPONSE_DYNAMIC_METADATA=true")
+		besideAnchor(t, overCounts, "QUOTA_MODE=true", "RESPONSE_DYNAMIC_METADATA=true", "LIMIT_RESPONSE_HEADERS_ENABLED=true")
 	})
 }
 
