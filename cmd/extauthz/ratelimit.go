@@ -179,10 +179,11 @@ func serveXDS(re *rlsenv.Env, cfg *config.Config, opts sidecar.Options, log *slo
 	defer cancel()
 	go rlsxds.Run(ctx, xo)
 	if !re.ForceStart {
-		log.Info("xds: waiting for the first configuration before serving (FORCE_START_WITHOUT_INITIAL_CONFIG is off)", "server", x.ServerURL)
 		// No listener is open yet, so nothing else stops the process: a
-		// SIGTERM while waiting ends it cleanly.
+		// SIGTERM while waiting ends it cleanly. The handler is in place
+		// before the line that says the process waits.
 		stop, unstop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		log.Info("xds: waiting for the first configuration before serving (FORCE_START_WITHOUT_INITIAL_CONFIG is off)", "server", x.ServerURL)
 		select {
 		case <-first:
 			unstop()
