@@ -439,8 +439,10 @@ func TestRatelimitXDSAbsentAtStart(t *testing.T) {
 		bad := newXDSServer(t, certs, "127.0.0.1:0")
 		bad.push("1", listenerDomain(routeChain("backend", 0, hourLimit(9), false)))
 		p := startRatelimit(t, ratelimitBinary(t), nil, xdsEnv(certs, bad.addr)...)
-		if len(bad.nacked()) == 0 {
-			t.Fatal("serving, but the refused first update was not NACKed")
+		// The NACK goes out as the process starts serving: it reaches the
+		// server's callback shortly after, not before.
+		if !within(5*time.Second, func() bool { return len(bad.nacked()) > 0 }) {
+			t.Fatal("serving, but the refused first update was not NACKed within 5s")
 		}
 		if got := admittedOf(p, 5, "default/eg/http", chainRequest("backend")); got != 5 {
 			t.Fatalf("with no descriptors, %d of 5 admitted; want all", got)
