@@ -127,10 +127,13 @@ bench-compare: redis-server
 # toxiproxy, pinned in tools/bench and built from the module proxy, between
 # three replicas and Redis for every fault, redis mode beside hybrid, and
 # envoyproxy/ratelimit (built at tools/bench's pin) behind the same toxics;
-# prints the table. `make test` runs the short faults only. Minutes.
+# prints the table. `make test` runs the short faults only. Also every
+# Sentinel failover that loses writes (redis mode beside hybrid, and beside
+# hybrid with redis.wait_replicas) and what WAIT costs (docs/reliability.md,
+# "A failover that loses writes"). Minutes.
 .PHONY: test-faults
 test-faults: redis-server
-	$(GO) test -v -count=1 -timeout 30m -run 'TestNetworkFaults|TestAnchorUnderNetworkFaults|TestNetworkFaultsOnOneClusterMaster|TestForgetRestartAfterOutage' ./tests/ -args -faults.full
+	$(GO) test -v -count=1 -timeout 30m -run 'TestNetworkFaults|TestWindowUnderNetworkFaults|TestAnchorUnderNetworkFaults|TestNetworkFaultsOnOneClusterMaster|TestSentinelFailoverLosesWrites|TestWaitAtLostFailover|TestWaitCostHealthyReplication' ./tests/ -args -faults.full
 
 # Fleets of 10, 100 and 1,000 simulated sidecars against a standalone Redis
 # and a three-master Cluster, in redis and hybrid mode: Redis commands, CPU,

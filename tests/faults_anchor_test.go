@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -63,6 +62,19 @@ func anchorStatus(resp *rlsv3.RateLimitResponse) int {
 	return 429
 }
 
+// decidedWindow is the start of the one-second window a reply was
+// decided in, from the time it left until the window resets, as it
+// arrives (within the call's latency of the decision); zero when the
+// reply does not say.
+func decidedWindow(resp *rlsv3.RateLimitResponse) time.Time {
+	for _, st := range resp.GetStatuses() {
+		if r := st.GetDurationUntilReset(); r != nil {
+			return time.Now().Add(r.AsDuration()).Round(time.Second).Add(-time.Second)
+		}
+	}
+	return time.Time{}
+}
+
 // rlsMode makes calls to the rate limit service at addrs, round robin.
 func rlsMode(t *testing.T, name, proxy string, addrs []string) *modeUnderFault {
 	t.Helper()
@@ -76,9 +88,9 @@ func rlsMode(t *testing.T, name, proxy string, addrs []string) *modeUnderFault {
 		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
 	}
 	return &modeUnderFault{mode: name, proxy: proxy, exact: windowExact,
-		call: func(ctx context.Context, i, key int) (int, error) {
+		call: func(ctx context.Context, i, key int) (int, time.Time, error) {
 			resp, err := clients[i%len(clients)].ShouldRateLimit(ctx, anchorRequest(ctx, key))
-			return anchorStatus(resp), err
+			return anchorStatus(resp), decidedWindow(resp), err
 		}}
 }
 
@@ -191,7 +203,7 @@ func TestAnchorUnderNetworkFaults(t *testing.T) {
 	var replicas []*sidecar
 	var addrs []string
 	for range 3 {
-		r := startProcess(t, fastBinary, writeConfig(t, defaultsConfig(oursAddr, "redis", section)), nil)
+		r := startProcess(t, faultBinary(), writeConfig(t, defaultsConfig(oursAddr, "redis", section)), nil)
 		replicas = append(replicas, r)
 		addrs = append(addrs, r.GRPC)
 	}
@@ -199,34 +211,18 @@ func TestAnchorUnderNetworkFaults(t *testing.T) {
 	ours := rlsMode(t, "extauthz redis mode (rate limit service door)", "ours", addrs)
 	ours.replicas = replicas
 	ours.server = ours.serverSideOf("rls")
-	ours.degraded = func() float64 {
-		var n float64
-		for _, r := range replicas {
-			n += r.metric("extauthz_degraded_decisions_total")
-		}
-		return n
-	}
+	ours.degraded = degradedOf(replicas)
 
-	var rows []string
-	for i, f := range faultMatrix {
-		if *faultsOnly != "" && !strings.Contains(f.name, *faultsOnly) {
-			continue
-		}
-		t.Run(strings.ReplaceAll(f.name, " ", "_"), func(t *testing.T) {
-			plan := defaultFaultPlan
-			plan.sourceNet = 200 + i
-			runs := runNetFault(t, x, []*modeUnderFault{ours, anchor}, f, plan)
-			for _, r := range runs {
-				rows = append(rows, r.row(f.name, runs[0]))
-				t.Log(rows[len(rows)-1])
-			}
+	faultSuite{
+		sourceNet: 200,
+		header:    "| fault | service | gRPC errors | admitted / one exact window | vs extauthz | p50 / p99 | degraded | back to Redis after the fault |\n|---|---|---|---|---|---|---|---|",
+		check: func(t *testing.T, runs []*faultRun, _ faultPlan) {
 			if o := runs[0]; o.errors > 0 {
 				t.Errorf("extauthz: %d gRPC errors of %d decisions (first: %v); want none", o.errors, o.decisions, o.firstError)
 			}
 			if o := runs[0]; o.allowed > o.exact {
 				t.Errorf("extauthz admitted %d; one exact window per key allows at most %d", o.allowed, o.exact)
 			}
-		})
-	}
-	t.Logf("| fault | service | gRPC errors | admitted / one exact window | vs extauthz | p50 / p99 | degraded | back to Redis after the fault |\n|---|---|---|---|---|---|---|---|\n%s", strings.Join(rows, "\n"))
+		},
+	}.run(t, x, []*modeUnderFault{ours, anchor})
 }

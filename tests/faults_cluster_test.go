@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -66,40 +65,15 @@ func TestNetworkFaultsOnOneClusterMaster(t *testing.T) {
 		cfg := fmt.Sprintf("redis: {addrs: [%s], key_prefix: %q}\ndefault_mode: %s\n%s", seeds, mode+":", mode, faultPolicy)
 		var replicas []*sidecar
 		for range 3 {
-			replicas = append(replicas, startProcess(t, fastBinary, writeConfig(t, cfg), nil))
+			replicas = append(replicas, startProcess(t, faultBinary(), writeConfig(t, cfg), nil))
 		}
 		waitPeers(t, replicas, 3)
-		m := &modeUnderFault{mode: mode, proxy: "master0", replicas: replicas, exact: bucketExact}
-		m.call = func(ctx context.Context, i, key int) (int, error) {
-			req := envoyRequest{sourceIP: fmt.Sprintf("10.%d.0.%d", sourceNet(ctx), key+1)}.build()
-			resp, err := replicas[i%len(replicas)].Client.Check(ctx, req)
-			return httpStatus(resp), err
-		}
-		m.server = m.serverSide
-		m.degraded = func() float64 {
-			var n float64
-			for _, r := range replicas {
-				n += r.metric("extauthz_degraded_decisions_total")
-			}
-			return n
-		}
-		modes = append(modes, m)
+		modes = append(modes, checkMode(mode, "master0", replicas))
 	}
-	var rows []string
-	for i, f := range faultMatrix {
-		if !slices.Contains(clusterFaults, f.name) {
-			continue
-		}
-		t.Run(strings.ReplaceAll(f.name, " ", "_"), func(t *testing.T) {
-			plan := defaultFaultPlan
-			plan.sourceNet = 150 + i
-			runs := runNetFault(t, x, modes, f, plan)
-			for _, r := range runs {
-				rows = append(rows, r.row(f.name+", one Cluster master", runs[0]))
-				t.Log(rows[len(rows)-1])
-			}
-			checkNetFault(t, runs, plan.keys)
-		})
-	}
-	t.Logf("\n%s", strings.Join(rows, "\n"))
+	faultSuite{
+		faults:    clusterFaults,
+		label:     ", one Cluster master",
+		sourceNet: 150,
+		check:     func(t *testing.T, runs []*faultRun, plan faultPlan) { checkNetFault(t, runs, plan.keys) },
+	}.run(t, x, modes)
 }

@@ -107,6 +107,19 @@ type faultRun struct {
 	counted            bool // the process counts degraded decisions
 	recovery           time.Duration
 	recovered          bool
+	// admissions are the calls answered 200, by when each was sent and
+	// its key, faultAt, clearedAt when the toxics went on and off and
+	// endAt when the load stopped: for a count per window
+	// (TestWindowUnderNetworkFaults).
+	admissions                []admission
+	faultAt, clearedAt, endAt time.Time
+}
+
+// admission is one call answered 200: when it was sent, the start of the
+// window the reply says it was decided in (zero: not said), for which key.
+type admission struct {
+	at, window time.Time
+	key        int
 }
 
 // faultPlan times a run: load alone, then the fault, then load alone.
@@ -127,8 +140,9 @@ type modeUnderFault struct {
 	proxy    string
 	replicas []*sidecar
 	// call makes the i-th decision, for key, and returns the HTTP status
-	// Envoy would send.
-	call func(ctx context.Context, i, key int) (status int, err error)
+	// Envoy would send and, where the reply says (the rate limit service
+	// door's window reset), the start of the window it was decided in.
+	call func(ctx context.Context, i, key int) (status int, window time.Time, err error)
 	// exact is what one exact limiter per key admits at most, over keys
 	// loaded above the limit from start to end.
 	exact func(keys int, start, end time.Time) int
@@ -154,30 +168,47 @@ func startModeBehindProxy(t *testing.T, x *toxiproxy, mode string) *modeUnderFau
 	t.Helper()
 	srv := testredis.Start(t)
 	addr := x.proxy(mode, srv.Addr)
-	bin := fastBinary
-	if *faultsBinary != "" {
-		bin = *faultsBinary
-	}
 	var replicas []*sidecar
 	for range 3 {
-		replicas = append(replicas, startProcess(t, bin, writeConfig(t, defaultsConfig(addr, mode, faultPolicy)), nil))
+		replicas = append(replicas, startProcess(t, faultBinary(), writeConfig(t, defaultsConfig(addr, mode, faultPolicy)), nil))
 	}
 	waitPeers(t, replicas, 3)
-	m := &modeUnderFault{mode: mode, proxy: mode, replicas: replicas, exact: bucketExact}
-	m.call = func(ctx context.Context, i, key int) (int, error) {
+	return checkMode(mode, mode, replicas)
+}
+
+// faultBinary is the extauthz the fault runs start: -faults.binary, else
+// this tree's, built without the race detector (the runs measure rates
+// and latencies).
+func faultBinary() string {
+	if *faultsBinary != "" {
+		return *faultsBinary
+	}
+	return fastBinary
+}
+
+// checkMode is the side of a run that sends the load to replicas through
+// the Check door (one source address per key, round robin over the
+// replicas), behind the proxy named proxy.
+func checkMode(mode, proxy string, replicas []*sidecar) *modeUnderFault {
+	m := &modeUnderFault{mode: mode, proxy: proxy, replicas: replicas, exact: bucketExact, degraded: degradedOf(replicas)}
+	m.call = func(ctx context.Context, i, key int) (int, time.Time, error) {
 		req := envoyRequest{sourceIP: fmt.Sprintf("10.%d.0.%d", sourceNet(ctx), key+1)}.build()
 		resp, err := replicas[i%len(replicas)].Client.Check(ctx, req)
-		return httpStatus(resp), err
+		return httpStatus(resp), time.Time{}, err
 	}
 	m.server = m.serverSide
-	m.degraded = func() float64 {
+	return m
+}
+
+// degradedOf reads the degraded decisions the replicas counted.
+func degradedOf(replicas []*sidecar) func() float64 {
+	return func() float64 {
 		var n float64
 		for _, r := range replicas {
 			n += r.metric("extauthz_degraded_decisions_total")
 		}
 		return n
 	}
-	return m
 }
 
 func (m *modeUnderFault) readDegraded() float64 {
@@ -252,6 +283,9 @@ func (m *modeUnderFault) serverSideAt(door string) serverSide {
 func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault, plan faultPlan) []*faultRun {
 	t.Helper()
 	type smp struct {
+		began   time.Time
+		window  time.Time
+		key     int
 		latency time.Duration
 		status  int
 		err     error
@@ -285,8 +319,8 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 					key := (i / 3) % plan.keys // round robin over three replicas, then keys
 					ctx, cancel := context.WithTimeout(netCtx, envoyTimeout)
 					began := time.Now()
-					status, err := m.call(ctx, i, key)
-					s := smp{latency: time.Since(began), err: err}
+					status, window, err := m.call(ctx, i, key)
+					s := smp{began: began, window: window, key: key, latency: time.Since(began), err: err}
 					cancel()
 					if err == nil {
 						s.status = status
@@ -331,6 +365,7 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 		}
 	}
 	time.Sleep(plan.before) // the load runs healthy first
+	faultAt := time.Now()
 	for _, p := range proxies {
 		x.add(p, f.toxics...)
 	}
@@ -348,7 +383,7 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 
 	var out []*faultRun
 	for mi, m := range modes {
-		run := &faultRun{mode: m.mode, elapsed: elapsed, degraded: m.readDegraded() - degradedBefore[mi], counted: m.degraded != nil}
+		run := &faultRun{mode: m.mode, elapsed: elapsed, degraded: m.readDegraded() - degradedBefore[mi], counted: m.degraded != nil, faultAt: faultAt, clearedAt: cleared, endAt: end}
 		sv := m.readServer()
 		run.server = serverSide{sv.failed - serverBefore[mi].failed, sv.slow - serverBefore[mi].slow}
 		// Every key is loaded above its rate from the first instant to
@@ -366,6 +401,7 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 			}
 			if s.status == 200 {
 				run.allowed++
+				run.admissions = append(run.admissions, admission{s.began, s.window, s.key})
 			}
 			lat = append(lat, s.latency)
 		}
@@ -454,19 +490,41 @@ func TestNetworkFaults(t *testing.T) {
 	serial(t, "it measures decisions through an injected latency of 80ms ±40ms at the breaker's defaults: other tests' load would add latency of its own")
 	x := startToxiproxy(t)
 	modes := []*modeUnderFault{startModeBehindProxy(t, x, "redis"), startModeBehindProxy(t, x, "hybrid")}
+	faultSuite{
+		short:     faultsShort,
+		sourceNet: 100,
+		header:    "| fault | mode | gRPC errors (at the replicas: failed, over 250ms) | admitted / one exact bucket | vs redis mode | p50 / p99 | degraded | back to Redis after the fault |\n|---|---|---|---|---|---|---|---|",
+		check:     func(t *testing.T, runs []*faultRun, plan faultPlan) { checkNetFault(t, runs, plan.keys) },
+	}.run(t, x, modes)
+}
+
+// faultSuite is one test's walk over the fault matrix: which faults it
+// runs, with and without -faults.full, how its table names them and what
+// it checks of each.
+type faultSuite struct {
+	faults []string // the matrix's faults it runs (nil: every one)
+	short  []string // of those, the ones it runs without -faults.full
+	label  string   // added to each fault's name in the table
+	// sourceNet is the first fault's source network: the i-th fault of
+	// the matrix loads 10.<sourceNet+i>.0.x, fresh keys for each.
+	sourceNet int
+	header    string // the table's header rows
+	// check asserts the contract on one fault's runs (modes' order).
+	check func(t *testing.T, runs []*faultRun, plan faultPlan)
+}
+
+// run runs s's faults at modes side by side, a subtest each, and logs
+// the rows of the table.
+func (s faultSuite) run(t *testing.T, x *toxiproxy, modes []*modeUnderFault) {
+	t.Helper()
 	var rows []string
 	for i, f := range faultMatrix {
-		switch {
-		case *faultsOnly != "":
-			if !strings.Contains(f.name, *faultsOnly) {
-				continue
-			}
-		case !*faultsFull && !slices.Contains(faultsShort, f.name):
+		if !s.picks(f.name) {
 			continue
 		}
 		t.Run(strings.ReplaceAll(f.name, " ", "_"), func(t *testing.T) {
 			plan := defaultFaultPlan
-			plan.sourceNet = 100 + i // fresh buckets for each fault
+			plan.sourceNet = s.sourceNet + i
 			if f.keys > 0 {
 				plan.keys = f.keys
 			}
@@ -475,11 +533,25 @@ func TestNetworkFaults(t *testing.T) {
 			}
 			runs := runNetFault(t, x, modes, f, plan)
 			for _, r := range runs {
-				rows = append(rows, r.row(f.name, runs[0]))
+				rows = append(rows, r.row(f.name+s.label, runs[0]))
 				t.Log(rows[len(rows)-1])
 			}
-			checkNetFault(t, runs, plan.keys)
+			s.check(t, runs, plan)
 		})
 	}
-	t.Logf("| fault | mode | gRPC errors (at the replicas: failed, over 250ms) | admitted / one exact bucket | vs redis mode | p50 / p99 | degraded | back to Redis after the fault |\n|---|---|---|---|---|---|---|---|\n%s", strings.Join(rows, "\n"))
+	t.Logf("%s\n%s", s.header, strings.Join(rows, "\n"))
+}
+
+// picks says whether s runs the fault named name: one of its faults,
+// and then one -faults.only names, else any with -faults.full, else one
+// of its short ones.
+func (s faultSuite) picks(name string) bool {
+	switch {
+	case s.faults != nil && !slices.Contains(s.faults, name):
+		return false
+	case *faultsOnly != "":
+		return strings.Contains(name, *faultsOnly)
+	default:
+		return *faultsFull || slices.Contains(s.short, name)
+	}
 }

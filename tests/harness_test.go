@@ -250,6 +250,7 @@ type sidecar struct {
 	name   string // what the process is, in failure messages: extauthz, ratelimit
 	logs   *testredis.LogBuffer
 	done   chan error
+	term   sync.Once // SIGTERM is sent once (terminate)
 }
 
 // startSidecar writes cfg to a file and runs `extauthz serve` on it. The
@@ -334,10 +335,12 @@ func spawn(t *testing.T, cmd *exec.Cmd, name string) (*sidecar, <-chan map[strin
 		s.done <- cmd.Wait()
 		close(ready)
 	}()
+	running.add(t, s)
 	t.Cleanup(func() {
 		if s.conn != nil {
 			s.conn.Close()
 		}
+		running.terminate(t)
 		s.stop()
 		if t.Failed() {
 			t.Logf("%s log (%s):\n%s", s.name, s.GRPC, tail(s.logs.String(), 40))
@@ -378,19 +381,54 @@ func (s *sidecar) await(ready <-chan map[string]any, creds credentials.Transport
 	return rec
 }
 
-// stop sends SIGTERM and waits for the process; it kills it after 15s.
-func (s *sidecar) stop() error {
-	if s.cmd.ProcessState != nil {
-		return nil
+// running holds the sidecars each test started, so that the first of
+// their cleanups sends every one of them SIGTERM at once. Each then
+// drains for the shipped drain delay (700ms) before it exits: stopped one
+// after another, as the cleanups run, three replicas spent over 2s of
+// every test that starts them in drains that overlap as well.
+var running = &testSidecars{m: map[*testing.T][]*sidecar{}}
+
+type testSidecars struct {
+	mu sync.Mutex
+	m  map[*testing.T][]*sidecar
+}
+
+func (r *testSidecars) add(t *testing.T, s *sidecar) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.m[t] = append(r.m[t], s)
+}
+
+// terminate sends SIGTERM to every sidecar t started (once each; one
+// that has exited ignores it) and forgets them; their cleanups wait.
+func (r *testSidecars) terminate(t *testing.T) {
+	r.mu.Lock()
+	all := r.m[t]
+	delete(r.m, t)
+	r.mu.Unlock()
+	for _, s := range all {
+		s.terminate()
 	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
+}
+
+// terminate sends the process SIGTERM, the first time it is called.
+func (s *sidecar) terminate() {
+	s.term.Do(func() { s.cmd.Process.Signal(syscall.SIGTERM) })
+}
+
+// stop sends SIGTERM (unless terminate has) and waits for the process; it
+// kills it after 15s. It returns how the process exited (and so does
+// every later call). It reads the exit from done, never
+// cmd.ProcessState, which the log reader's cmd.Wait writes.
+func (s *sidecar) stop() error {
+	s.terminate()
 	select {
 	case err := <-s.done:
 		s.done <- err
 		return err
 	case <-time.After(15 * time.Second):
 		s.cmd.Process.Kill()
-		return fmt.Errorf("extauthz did not stop within 15s")
+		return fmt.Errorf("%s did not stop within 15s", s.name)
 	}
 }
 
@@ -462,29 +500,12 @@ outer:
 // detector) and returns its summary. args are further loadgen flags.
 func runLoadgen(t *testing.T, replicas []*sidecar, n, workers int, args ...string) loadgen.Result {
 	t.Helper()
-	return runLoadgenAs(t, nil, replicas, n, workers, args...)
-}
-
-// niceIdle runs a command at a low CPU priority (nice 10, a scheduling
-// weight of 110 to a normal process's 1,024): where the cores are
-// contended it takes about a tenth of a normal share, and all the time
-// the others leave idle. For work whose claim is not about time (the
-// volume tests' memory) run beside tests whose Redis calls must answer
-// within the shipped timeouts. (At nice 19 a volume run starved for
-// minutes on a machine loaded by other work.)
-var niceIdle = []string{"nice", "-n", "10"}
-
-// runLoadgenAs is runLoadgen with loadgen's command line prefixed by
-// prefix (niceIdle, or nothing).
-func runLoadgenAs(t *testing.T, prefix []string, replicas []*sidecar, n, workers int, args ...string) loadgen.Result {
-	t.Helper()
 	targets := make([]string, len(replicas))
 	for i, r := range replicas {
 		targets[i] = r.GRPC
 	}
 	all := append([]string{"-targets", strings.Join(targets, ","), "-n", fmt.Sprint(n), "-c", fmt.Sprint(workers)}, args...)
-	argv := append(append(append([]string(nil), prefix...), loadgenBinary), all...)
-	out, err := exec.Command(argv[0], argv[1:]...).Output()
+	out, err := exec.Command(loadgenBinary, all...).Output()
 	if err != nil {
 		var stderr string
 		if ee, ok := err.(*exec.ExitError); ok {

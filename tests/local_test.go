@@ -122,8 +122,8 @@ func TestUnknownAPIKeysAre401AndLeaveNoState(t *testing.T) {
 }
 
 // The cache bound under a flood of distinct client IPs (100,000 against
-// max_keys 10000) is tested at a million in hostile_test.go:
-// TestMillionDistinctIPsKeepCacheAtItsBound.
+// max_keys 10000) is tested at half a million in hostile_test.go:
+// TestDistinctIPsKeepCacheAtItsBound.
 
 func TestMalformedAndEmptyRequests(t *testing.T) {
 	parallel(t)

@@ -160,6 +160,12 @@ type Redis struct {
 	Timeout     time.Duration // per call
 	KeyPrefix   string
 	PoolSize    int // connections per Redis server (per Cluster master)
+	// WaitReplicas, above zero, sends WAIT WaitReplicas WaitTimeout after
+	// every hybrid token bucket lease call: a lease fewer replicas
+	// acknowledge is not spent past the request that took it, so a
+	// failover cannot lose it. Zero (the default): no WAIT.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Sentinel says which sentinels to ask for the master of a Redis

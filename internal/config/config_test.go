@@ -376,6 +376,32 @@ func TestReflectionOnUnlessTurnedOff(t *testing.T) {
 	}
 }
 
+// WAIT after lease calls is off unless wait_replicas is set; its timeout
+// then defaults to DefaultWaitTimeout.
+func TestRedisWait(t *testing.T) {
+	off, err := Parse([]byte("redis: {addrs: [127.0.0.1:6379]}\n"), "off.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off.Redis.WaitReplicas != 0 || off.Redis.WaitTimeout != 0 {
+		t.Fatalf("defaults: wait_replicas %d, wait_timeout %v; want no WAIT", off.Redis.WaitReplicas, off.Redis.WaitTimeout)
+	}
+	on, err := Parse([]byte("redis: {addrs: [127.0.0.1:6379], wait_replicas: 1}\n"), "on.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if on.Redis.WaitReplicas != 1 || on.Redis.WaitTimeout != DefaultWaitTimeout {
+		t.Fatalf("wait_replicas 1: got %d, %v; want 1, %v", on.Redis.WaitReplicas, on.Redis.WaitTimeout, DefaultWaitTimeout)
+	}
+	set, err := Parse([]byte("redis: {addrs: [127.0.0.1:6379], wait_replicas: 2, wait_timeout: 25ms}\n"), "set.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.Redis.WaitReplicas != 2 || set.Redis.WaitTimeout != 25*time.Millisecond {
+		t.Fatalf("got %d, %v; want 2, 25ms", set.Redis.WaitReplicas, set.Redis.WaitTimeout)
+	}
+}
+
 func TestRedisSentinel(t *testing.T) {
 	c, err := Parse([]byte(`
 redis:

@@ -56,6 +56,9 @@ type rawRedis struct {
 	Timeout     string       `yaml:"timeout"`
 	KeyPrefix   *string      `yaml:"key_prefix"`
 	PoolSize    int          `yaml:"pool_size"`
+	// WaitReplicas and WaitTimeout: WAIT after hybrid lease calls.
+	WaitReplicas int    `yaml:"wait_replicas"`
+	WaitTimeout  string `yaml:"wait_timeout"`
 }
 
 // rawClientTLS is `tls: true|false` or a mapping of TLS settings (which

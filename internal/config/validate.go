@@ -21,6 +21,12 @@ import (
 const (
 	DefaultPoolSize = 4
 	maxPoolSize     = 256
+	// DefaultWaitTimeout is redis.wait_timeout left out: how long a lease
+	// call's WAIT waits for the replicas (redis.wait_replicas) to
+	// acknowledge it; a replica that keeps up acknowledges within a round
+	// trip. maxWaitReplicas bounds wait_replicas (Redis's replicas).
+	DefaultWaitTimeout = 10 * time.Millisecond
+	maxWaitReplicas    = 16
 )
 
 // DefaultMaxConnections is listen.max_connections: far above a sidecar's
@@ -343,6 +349,7 @@ func validateRedis(r *rawRedis, errs *Errors, warnings *[]string) *Redis {
 	if rc.PoolSize < 1 || rc.PoolSize > maxPoolSize {
 		errs.add("redis.pool_size", "%d must be between 1 and %d", r.PoolSize, maxPoolSize)
 	}
+	validateWait(r, rc, errs)
 	if r.KeyPrefix != nil {
 		rc.KeyPrefix = *r.KeyPrefix
 		if strings.ContainsAny(rc.KeyPrefix, "{}") {
@@ -350,6 +357,29 @@ func validateRedis(r *rawRedis, errs *Errors, warnings *[]string) *Redis {
 		}
 	}
 	return rc
+}
+
+// validateWait checks redis.wait_replicas and redis.wait_timeout: WAIT
+// waits inside a lease call, so its timeout must leave the call time to
+// answer, and is at least WAIT's own resolution (1ms; WAIT 0 would wait
+// for ever).
+func validateWait(r *rawRedis, rc *Redis, errs *Errors) {
+	if r.WaitReplicas < 0 || r.WaitReplicas > maxWaitReplicas {
+		errs.add("redis.wait_replicas", "%d must be between 0 (no WAIT) and %d", r.WaitReplicas, maxWaitReplicas)
+		return
+	}
+	rc.WaitReplicas = r.WaitReplicas
+	if r.WaitReplicas == 0 {
+		if r.WaitTimeout != "" {
+			errs.add("redis.wait_timeout", "is set but redis.wait_replicas is 0: no WAIT is sent; set wait_replicas or drop wait_timeout")
+		}
+		return
+	}
+	rc.WaitTimeout = DefaultWaitTimeout
+	durationField(r.WaitTimeout, "redis.wait_timeout", &rc.WaitTimeout, errs)
+	if rc.WaitTimeout < time.Millisecond || rc.WaitTimeout >= rc.Timeout {
+		errs.add("redis.wait_timeout", "%v must be at least 1ms and less than redis.timeout (%v): WAIT runs inside the lease call", rc.WaitTimeout, rc.Timeout)
+	}
 }
 
 // validateSentinel checks redis.sentinel: the master's name and at least

@@ -93,7 +93,8 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 	}
 
 	opened, err := redisstore.Open(clients.Pipe, clients.Close, redisstore.OpenOptions{
-		Store:   clients.StoreOptions(redisstore.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Metrics: redisstore.NewMetrics(reg), Log: log}),
+		Store: clients.StoreOptions(redisstore.StoreOptions{Prefix: rc.KeyPrefix, Timeout: rc.Timeout, Metrics: redisstore.NewMetrics(reg), Log: log,
+			WaitReplicas: rc.WaitReplicas, WaitTimeout: rc.WaitTimeout}),
 		MaxKeys: cfg.Local.MaxKeys,
 		Counts:  counts,
 		Warm: func(store *redisstore.Store) error {

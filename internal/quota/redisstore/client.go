@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"sync"
@@ -140,11 +141,27 @@ func NewClients(o ClientOptions) (*Clients, error) {
 // by.
 func (c *Clients) StoreOptions(opts StoreOptions) StoreOptions {
 	opts.Probe = c.Probe
+	opts.Pipeline = c.pipelineFor
 	if c.cluster != nil {
 		opts.Router = c.cluster
 		opts.NodeProbe = c.nodeProbe
 	}
 	return opts
+}
+
+// pipelineFor returns a pipeline whose commands leave in order on one
+// connection to the master serving key: a Cluster's master for the key's
+// slot (a Cluster pipeline would send a keyless WAIT to any node), or the
+// one master.
+func (c *Clients) pipelineFor(ctx context.Context, key string) (redis.Pipeliner, error) {
+	if c.cluster != nil {
+		m, err := c.cluster.MasterForKey(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		return m.Pipeline(), nil
+	}
+	return c.Client.Pipeline(), nil
 }
 
 // nodeProbe returns the probe client of the master at addr: one

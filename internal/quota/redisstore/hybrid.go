@@ -420,6 +420,15 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		e.k, e.g, e.atConfirm, e.confirmSeq = ls.k, ls.g, ls.granted-n, h.confirms.Load()
 		e.until = now.Add(ls.life - ls.life/leaseMargin)
 		e.algorithm, e.window, e.capacity = l.Algorithm, l.Window, capacityOf(l)
+		if ls.unreplicated && ls.granted > need {
+			// Fewer replicas than redis.wait_replicas hold the lease: a
+			// failover now would lose it. The request in hand takes what
+			// it needs, as in redis mode; the rest is parked, as a stopped
+			// lease's is, given back with the key's next call if Redis
+			// still holds it, and nothing charged if not.
+			h.opts.Metrics.LeasesUnreplicated.Inc()
+			e.parked, e.tokens, e.owed, e.stopped = ls.granted-need, need, 0, true
+		}
 		if e.granted > 0 {
 			h.holdLocked(key, e)
 		}
@@ -483,6 +492,7 @@ type leased struct {
 	wait, full, life       time.Duration
 	k, g                   int64 // a bucket lease's key state
 	forgot                 bool  // the lease retired was one Redis had forgotten
+	unreplicated           bool  // fewer replicas than asked hold it (StoreOptions.WaitReplicas)
 }
 
 // lease asks Redis for between need and want units of key under l, of
@@ -491,9 +501,9 @@ type leased struct {
 func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, need, spent, debt, peers int64, old held) (leased, error) {
 	if l.Algorithm == quota.TokenBucket {
 		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: want, need: need, debt: debt, life: h.opts.LeaseTTL, peers: peers, spent: spent, retire: old})
-		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: h.opts.LeaseTTL, k: ls.k, g: ls.g, forgot: ls.forgot}, err
+		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: h.opts.LeaseTTL, k: ls.k, g: ls.g, forgot: ls.forgot, unreplicated: ls.unreplicated}, err
 	}
-	w, err := h.store.leaseWindow(ctx, key, l, want, need, peers, old)
+	w, err := h.store.leaseWindow(ctx, key, l, want, need, peers, old, holdFrom(ctx))
 	return leased{granted: w.granted, remaining: w.Remaining, id: w.id, wait: w.RetryAfter, full: w.ResetAfter, life: min(w.left, h.opts.LeaseTTL)}, err
 }
 
@@ -684,7 +694,15 @@ func (h *Hybrid) giveBack(ctx context.Context, g giveback) {
 		if g.lease.unspent <= 0 {
 			return // a window lease ends with its window: nothing to retire
 		}
-		err = h.store.refund(ctx, g.key, quota.Limit{Algorithm: g.algorithm, Window: g.window}, g.lease.unspent)
+		l := quota.Limit{Algorithm: g.algorithm, Window: g.window}
+		if g.lease.id == 0 {
+			err = h.store.refund(ctx, g.key, l, g.lease.unspent) // a refund, made with its decision
+		} else {
+			// To the window the lease was counted in (its id), and only
+			// there: a lease given back a window later must not credit a
+			// window that never counted it.
+			err = h.store.giveBackWindow(ctx, g.key, l, g.lease.id, g.lease.unspent)
+		}
 	}
 	if err != nil {
 		return // the lease ends by itself; a lost return only under-uses the count
@@ -777,10 +795,12 @@ func (h *Hybrid) Close(ctx context.Context) {
 // takes exactly what each request costs, leasing nothing ahead: two
 // heartbeats, long enough for the other replicas to be back too (their
 // breakers close within a probe interval of each other) and to charge
-// their fallback debts, each with its first call of a key. Leasing a
-// slice ahead before the others' debts landed would hand out tokens that
-// those debts spend: the debts arrive one by one, and in redis mode the
-// first replica back takes a request's cost meanwhile, not a slice.
+// their fallback debts (as each breaker closes, Store.chargeDebts, or
+// with a key's next call for what did not fit or on a Cluster). Leasing
+// a slice ahead before the others' debts landed would hand out tokens
+// that those debts spend: the debts arrive replica by replica, and in
+// redis mode the first replica back takes a request's cost meanwhile,
+// not a slice.
 const forgetExact = 2 * time.Second
 
 // forgotten counts a lease Redis had forgotten.

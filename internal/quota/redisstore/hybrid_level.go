@@ -33,6 +33,13 @@ func (h *Hybrid) Level(key string, l quota.Limit) (local.Level, bool) {
 	return lv, true
 }
 
-// Owe keeps units admitted by the fallback, charged with the key's next
-// lease (Table.Owe).
-func (h *Hybrid) Owe(key string, units int64) { h.table.Owe(key, units) }
+// FellBack and FellBackIn keep what the fallback admitted of a window,
+// held out of the key's window leases (Table.FellBack).
+func (h *Hybrid) FellBack(key string, start, took int64) { h.table.FellBack(key, start, took) }
+
+// FellBackIn: see FellBack.
+func (h *Hybrid) FellBackIn(key string, start int64) int64 { return h.table.FellBackIn(key, start) }
+
+// OweUnder keeps units admitted by the fallback under l, charged when
+// Redis answers again (Table.OweUnder).
+func (h *Hybrid) OweUnder(key string, l quota.Limit, units int64) { h.table.OweUnder(key, l, units) }

@@ -45,6 +45,10 @@ type Metrics struct {
 	// LeasesForgotten counts hybrid leases Redis no longer held when they
 	// were retired (nothing given back; what was spent charged).
 	LeasesForgotten prometheus.Counter
+	// LeasesUnreplicated counts hybrid leases whose WAIT (redis.wait_replicas)
+	// found fewer replicas holding them than asked: such a lease is not
+	// spent past the request that took it.
+	LeasesUnreplicated prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them with reg (none
@@ -101,6 +105,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: ns, Name: "hybrid_leases_forgotten_total",
 			Help: "Hybrid leases Redis no longer held when they were retired: nothing given back, what was spent of them charged.",
 		}),
+		LeasesUnreplicated: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "hybrid_leases_unreplicated_total",
+			Help: "Hybrid leases that fewer replicas than redis.wait_replicas acknowledged within redis.wait_timeout: not spent past the request that took them.",
+		}),
 	}
 	// Series that exist from the start, so dashboards and alerts see 0
 	// rather than nothing.
@@ -112,7 +120,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Calls, m.Duration, m.Up, m.BreakerOpened, m.NodesDown, m.SlicesLeased, m.TokensLeased,
-			m.TokensReturned, m.LeaseWaits, m.Peers, m.StateLost, m.LeasesForgotten)
+			m.TokensReturned, m.LeaseWaits, m.Peers, m.StateLost, m.LeasesForgotten, m.LeasesUnreplicated)
 	}
 	return m
 }

@@ -63,6 +63,7 @@ func Open(rdb rediser, closeConn func() error, o OpenOptions) (*Opened, error) {
 	}
 	p := &Opened{Table: table, closeConn: closeConn}
 	p.Store = NewStore(rdb, o.Store)
+	p.Store.ChargeDebtsOf(table)
 	if o.Warm != nil {
 		if err := o.Warm(p.Store); err != nil {
 			p.Store.Close()

@@ -30,7 +30,7 @@ func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, no
 	if owesFallback(l) {
 		debt = r.table.takeDebt(key)
 	}
-	d, err := r.store.decide(ctx, key, l, n, debt)
+	d, err := r.store.decideHolding(ctx, key, l, n, debt, holdFrom(ctx))
 	if err != nil {
 		// Charged again next time: if this call ran after all, the
 		// replicas admit less, never more.

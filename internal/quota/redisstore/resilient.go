@@ -37,6 +37,17 @@ type Resilient struct {
 	// its key's share empty as of the decision's time, refilled until
 	// then (local.StartEmpty). Read on failures only.
 	clock func() time.Time
+	// downUntil and downSince say until when Redis may be out of the
+	// replicas' reach and since when it has been without answering this
+	// one (Store.DownUntil, Store.DownSince; nil: never known), for
+	// windows (windowLevel, hold).
+	downUntil, downSince func() time.Time
+}
+
+// outageClock is what a Breaker may also tell: Store's.
+type outageClock interface {
+	DownUntil() time.Time
+	DownSince() time.Time
 }
 
 var _ quota.Limiter = (*Resilient)(nil)
@@ -46,7 +57,11 @@ var _ quota.Limiter = (*Resilient)(nil)
 // redis mode, Hybrid for hybrid mode.
 type LevelSource interface {
 	Level(key string, l quota.Limit) (local.Level, bool)
-	Owe(key string, units int64)
+	OweUnder(key string, l quota.Limit, units int64)
+	// FellBack and FellBackIn keep what the fallback admitted of a
+	// window (Table.FellBack).
+	FellBack(key string, start, took int64)
+	FellBackIn(key string, start int64) int64
 }
 
 // Breaker tells whether a failed call was Redis going down (Store).
@@ -58,7 +73,11 @@ type Breaker interface {
 // the primary recorded, fallback the buckets it falls back to, peers the
 // replica count, breaker the judge of whether a failed call was an outage.
 func NewResilient(primary quota.Limiter, levels LevelSource, fallback *local.Fallback, peers PeerCounter, breaker Breaker) *Resilient {
-	return &Resilient{primary: primary, levels: levels, fallback: fallback, peers: peers, breaker: breaker, clock: time.Now}
+	r := &Resilient{primary: primary, levels: levels, fallback: fallback, peers: peers, breaker: breaker, clock: time.Now}
+	if c, ok := breaker.(outageClock); ok {
+		r.downUntil, r.downSince = c.DownUntil, c.DownSince
+	}
+	return r
 }
 
 // WithClock makes r tell when a failure is known by now (time.Now by
@@ -83,6 +102,9 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		var cancel context.CancelFunc
 		pctx, cancel = context.WithDeadline(ctx, dl.Add(-max(dl.Sub(now), 0)/10))
 		defer cancel()
+	}
+	if countsWindow(l) {
+		pctx = withHold(pctx, r.hold(key, l, now))
 	}
 	d, err := r.primary.Take(pctx, key, l, n, now)
 	if err == nil {
@@ -126,6 +148,10 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 	if lv, ok := r.levels.Level(key, l); ok {
 		level = &lv
 	}
+	window := countsWindow(l)
+	if window {
+		level = r.windowLevel(l, level, ran, now)
+	}
 	start, sentAt := local.StartFresh, now
 	if ran {
 		// Empty when the decision began (now, the call sent just after),
@@ -138,15 +164,124 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 			now = known
 		}
 	}
-	d, err = r.fallback.Take(key, l, n, r.peers.Count(), now, level, start, sentAt)
+	peers := r.peers.Count()
+	d, err = r.fallback.Take(key, l, n, peers, now, level, start, sentAt)
 	if err != nil {
 		return quota.Decision{}, err
 	}
 	if d.Allowed && owesFallback(l) {
-		r.levels.Owe(key, n) // charged to the Redis bucket when it answers again
+		r.levels.OweUnder(key, l, n) // charged to the Redis bucket when it answers again
+	}
+	if window && !ran {
+		// Redis counted none of what the replicas' fallbacks admit in
+		// this window: held out of its room when it answers again
+		// within the window (Table.FellBack).
+		var took int64
+		if d.Allowed {
+			took = n
+		}
+		r.levels.FellBack(key, windowStartMicros(l, sentAt), took)
 	}
 	d.Degraded = quota.DegradedFallback
 	return d, nil
+}
+
+// windowLevel is the level a window's fallback starts from in the
+// window holding now, given what Redis last reported for the key (level,
+// nil: nothing). The fallback's share of a window adds to what Redis
+// counted in it, so it must not start from a full share in a window
+// Redis may have counted in without this replica knowing how much:
+//
+//   - after a call that may have run while Redis answers (ran), the
+//     other replicas go on counting in Redis: the rest of the window is
+//     theirs, and this replica's share of it is empty (a decision denied
+//     that the exact count might have admitted: less admitted, never
+//     more);
+//   - when Redis went out of reach within the window, the window was
+//     counted in Redis until then, and may still be by replicas whose
+//     breakers have not opened: its share is what Redis last reported
+//     in this window, or, when that was in an earlier window, none;
+//   - when Redis has been out of this replica's reach since before the
+//     window began, the window is the fallback's as far as this replica
+//     can tell (an outage takes Redis from every replica alike) and it
+//     has its full share, which the window's calls to Redis hold out of
+//     its room if it comes back before the window ends (hold). A fault
+//     on this replica's link alone leaves the others counting in Redis:
+//     then this share is admitted on top of the window, once per
+//     window of the fault.
+func (r *Resilient) windowLevel(l quota.Limit, level *local.Level, ran bool, now time.Time) *local.Level {
+	empty := &local.Level{At: now}
+	if ran {
+		return empty
+	}
+	start := windowStartMicros(l, now)
+	if level != nil && windowStartMicros(l, level.At) == start {
+		return level // Redis's own count of this window
+	}
+	if r.downSince == nil {
+		return level // a Breaker that cannot tell (tests'): a full share
+	}
+	if since := r.downSince(); !since.IsZero() && since.UnixMicro() < start {
+		return level // an older window's count: a full share
+	}
+	return empty
+}
+
+// hold is what a call to Redis for key's window (fixed or sliding) under
+// l at now holds out of the window's room: what this replica's fallback
+// admitted of the key in this window, which Redis never counted, and,
+// when Redis may have been out of the replicas' reach at some instant of
+// the window (Store.DownUntil: out of this one's, or within a probe round
+// after), what the other replicas' fallbacks may have admitted of it
+// meanwhile, a share each (quota.Share): an outage takes Redis from every
+// replica alike, each replica's breaker lets Redis back at an instant of
+// its own, and a replica cannot know what the others admitted, only that
+// none admitted more than its share. Without it, a window in which Redis
+// came back admitted the replicas' fallback shares and then the whole
+// limit again from Redis. The price is under-use: when the others
+// admitted less than their shares, the rest of the window is denied
+// what they did not use.
+func (r *Resilient) hold(key string, l quota.Limit, now time.Time) windowHold {
+	h := windowHold{start: windowStartMicros(l, now)}
+	h.units = r.levels.FellBackIn(key, h.start)
+	if r.downUntil != nil && r.downUntil().UnixMicro() >= h.start {
+		peers := max(r.peers.Count(), 1)
+		h.units += (peers - 1) * quota.Share(l, peers).Limit
+	}
+	return h
+}
+
+type holdKey struct{}
+
+// withHold carries a window call's hold to the primary (Redis, Hybrid)
+// across quota.Limiter.
+func withHold(ctx context.Context, h windowHold) context.Context {
+	if h.units <= 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, holdKey{}, h)
+}
+
+// holdFrom is the hold Resilient put in ctx; none when it put none.
+func holdFrom(ctx context.Context) windowHold {
+	h, _ := ctx.Value(holdKey{}).(windowHold)
+	return h
+}
+
+// countsWindow says whether l counts fixed or sliding windows of its own
+// length that the fallback's decisions are kept against (FellBack): not a
+// calendar's (its windows are not epoch aligned) nor a budget's (its
+// fallback admissions are charged as debt, owesFallback).
+func countsWindow(l quota.Limit) bool {
+	return l.OnError == quota.ErrorFallback && (l.Algorithm == quota.FixedWindow || l.Algorithm == quota.SlidingWindow) && l.Calendar == nil && !l.Overdraft
+}
+
+// windowStartMicros is the start (unix µs) of l's window holding t, as
+// the window scripts count it: epoch aligned.
+func windowStartMicros(l quota.Limit, t time.Time) int64 {
+	w := max(int64(l.Window/time.Microsecond), 1)
+	us := t.UnixMicro()
+	return us - us%w
 }
 
 // timeLeft says whether what is left of the primary's deadline is worth

@@ -138,6 +138,17 @@ func nextLogMember() string {
 // own just before (if the decision's call then fails, the caller owes it
 // again: charged twice at worst, less admitted, never more).
 func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, units, debt int64) (quota.Decision, error) {
+	return s.decideHolding(ctx, partition, l, units, debt, windowHold{})
+}
+
+// windowHold is what a fixed or sliding window's call holds out of the
+// room of the window starting at start (unix µs; the scripts' reserve):
+// the fallback's admissions there that Redis never counted (Table.FellBack).
+type windowHold struct{ units, start int64 }
+
+// decideHolding is decide, with hold held out of a fixed or sliding
+// window's room.
+func (s *Store) decideHolding(ctx context.Context, partition string, l quota.Limit, units, debt int64, hold windowHold) (quota.Decision, error) {
 	if debt > 0 && l.Algorithm != quota.TokenBucket && l.Overdraft {
 		if _, err := s.decide(ctx, partition, l, debt, 0); err != nil {
 			return quota.Decision{}, err
@@ -163,11 +174,18 @@ func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, uni
 	now := s.nowArg(time.Microsecond)
 	var v any
 	var err error
+	// A window call whose reply comes after the decision stopped waiting
+	// gives back what it took (undoWindowLate); a charge records units
+	// already served and stays.
+	var late func(v any)
+	if !l.Charges(units) {
+		late = func(v any) { s.undoWindowLate(partition, l, v) }
+	}
 	switch l.Algorithm {
 	case quota.FixedWindow:
-		v, err = s.run(ctx, "fixed_window", fixedWindowScript, key, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units), blockMicros(l))
+		v, err = s.runLate(ctx, "fixed_window", fixedWindowScript, key, late, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units), blockMicros(l), hold.units, hold.start)
 	case quota.SlidingWindow:
-		v, err = s.run(ctx, "sliding_window", slidingWindowScript, key, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units), blockMicros(l))
+		v, err = s.runLate(ctx, "sliding_window", slidingWindowScript, key, late, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units), blockMicros(l), hold.units, hold.start)
 	case quota.SlidingLog:
 		v, err = s.run(ctx, "sliding_log", slidingLogScript, key, windowMicros(l), l.Limit, nextLogMember(), now, units)
 	case quota.LeakyBucket:
@@ -179,6 +197,49 @@ func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, uni
 		return quota.Decision{}, err
 	}
 	return decisionOf(l.Algorithm.String(), l, v)
+}
+
+// undoWindowLate gives back what a fixed or sliding window call took
+// when its reply came after the decision stopped waiting for it
+// (runLate), as undoLate does for the token bucket: the request in hand
+// was decided without it, so Redis counted the units for nobody. They go
+// back to the window the call counted them in (the reply's window start,
+// the scripts' lease give-back), and only there: a window that has ended
+// keeps them (a fixed window's count is gone by then; a sliding window's
+// previous count takes them back), and a later window is never credited
+// with units it did not count. A give-back that fails too is lost: the
+// replicas then admit less, never more.
+func (s *Store) undoWindowLate(partition string, l quota.Limit, v any) {
+	r, ok := v.([]any)
+	if !ok || len(r) != 8 {
+		return
+	}
+	granted, _ := r[5].(int64)
+	ws, _ := r[6].(int64)
+	if granted <= 0 {
+		return
+	}
+	if s.giveBackWindow(context.Background(), partition, l, ws, granted) == nil {
+		s.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnLate)).Add(float64(granted))
+	}
+}
+
+// giveBackWindow gives units back to the window of partition under l (a
+// fixed or sliding window) that starts at ws (unix µs): to that window's
+// count, or a sliding window's previous count once it has ended, and
+// nowhere else. (window_refund.lua gives back to the window current when
+// it runs, right for a refund made with the decision, not for units
+// counted a window or more before.) Only l's algorithm and window are
+// read: the script's take is of nothing (want and need 0), so its limit
+// decides nothing, and nothing is blocked (no block_for).
+func (s *Store) giveBackWindow(ctx context.Context, partition string, l quota.Limit, ws, units int64) error {
+	script := fixedWindowScript
+	if l.Algorithm == quota.SlidingWindow {
+		script = slidingWindowScript
+	}
+	_, err := s.run(ctx, "return", script, []string{s.algorithmKey(partition, l.Algorithm)},
+		windowMicros(l), l.Limit, s.nowArg(time.Microsecond), 0, 0, "", ws, units, "", "")
+	return err
 }
 
 // chargeArg is the scripts' charge flag: "1" when a take of units under l

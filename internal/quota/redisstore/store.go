@@ -62,6 +62,16 @@ type StoreOptions struct {
 	// that talks to that master alone, on a connection of its own. Nil:
 	// Probe.
 	NodeProbe func(addr string) rediser
+	// WaitReplicas, above zero, follows every hybrid bucket lease call
+	// with WAIT WaitReplicas WaitTimeout on the connection that ran it
+	// (redis.wait_replicas): a lease fewer replicas acknowledge is not
+	// spent past the request that took it (Hybrid.Take), so a failover
+	// to a replica that missed it loses no more than redis mode loses of
+	// one decision. Pipeline gives that connection (Clients.StoreOptions);
+	// without it WaitReplicas does nothing.
+	WaitReplicas int
+	WaitTimeout  time.Duration
+	Pipeline     func(ctx context.Context, key string) (redis.Pipeliner, error)
 }
 
 // Store runs the limiter scripts against Redis. Every call has a deadline.
@@ -73,11 +83,18 @@ type Store struct {
 	rdb     rediser
 	opts    StoreOptions
 	breaker *breaker.Breaker
+	// answered is when Redis last answered a call, down when it was last
+	// out of reach, downSince when it was first out of reach after that
+	// answer (unix ns; DownAt, DownSince).
+	answered, down, downSince atomic.Int64
 	// warmed runs after Warm has loaded the scripts: Peers reads the
 	// state's Identity there, so a Redis that comes back having lost what
 	// was written is known as such before the breaker lets decisions
 	// through.
 	warmed atomic.Pointer[func(context.Context)]
+	// debts are the fallback debts charged when a master comes back,
+	// before decisions reach it (chargeDebts).
+	debts atomic.Pointer[Table]
 }
 
 // NewStore returns a Store using rdb and starts its watch; Close stops it.
@@ -121,7 +138,10 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 
 // Warm loads every script into Redis (on every master of a Cluster), so
 // the first decisions after start-up or a Redis restart do not pay for a
-// NOSCRIPT round trip and a script upload inside their timeout.
+// NOSCRIPT round trip and a script upload inside their timeout. Then,
+// before the breaker lets decisions reach a master that came back, it
+// reads the Redis state (Peers.CheckState) and charges the fallback's
+// debts (chargeDebts).
 func (s *Store) Warm(ctx context.Context) error {
 	for _, sc := range scripts {
 		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
@@ -131,6 +151,14 @@ func (s *Store) Warm(ctx context.Context) error {
 	if fn := s.warmed.Load(); fn != nil {
 		(*fn)(ctx)
 	}
+	now := time.Now().UnixNano()
+	if s.down.Load() != 0 {
+		// The breaker lets Redis back after this: it was out of reach
+		// until now (DownUntil).
+		s.down.Store(now)
+	}
+	s.answered.Store(now) // it answered (DownSince)
+	s.chargeDebts(ctx)
 	return nil
 }
 
@@ -146,6 +174,42 @@ func (s *Store) Close() { s.breaker.Close() }
 // partition to another master meanwhile, that master's verdict answers.)
 func (s *Store) AwaitVerdict(ctx context.Context, partition string) (down bool) {
 	return s.breaker.AwaitVerdict(ctx, s.breaker.NodeFor(ctx, s.key(partition)))
+}
+
+// markDown records that a call found Redis out of reach at t (refused
+// or abandoned because its node was marked down): DownAt, DownSince.
+func (s *Store) markDown(t time.Time) {
+	ns := t.UnixNano()
+	s.down.Store(ns)
+	if s.downSince.Load() <= s.answered.Load() {
+		s.downSince.Store(ns) // the first since Redis last answered
+	}
+}
+
+// DownUntil is until when Redis may still be out of the other replicas'
+// reach, as far as this one can tell: the last instant it was out of
+// this store's reach (on a Cluster, any master's; a call refused or
+// abandoned because it was marked down, or the moment the breaker let it
+// back, Warm), plus the longest another replica's breaker may stay open
+// after Redis is back for all (a probe round: ProbeEvery and
+// ProbeTimeout). Zero: never down. Resilient.hold reads it.
+func (s *Store) DownUntil() time.Time {
+	if ns := s.down.Load(); ns != 0 {
+		return time.Unix(0, ns).Add(s.opts.ProbeEvery + s.opts.ProbeTimeout)
+	}
+	return time.Time{}
+}
+
+// DownSince is when Redis went out of this store's reach, if it has not
+// answered a call since (zero: it has, or it never was): a window that
+// began after it is the fallback's alone, as far as this replica can
+// tell (Resilient.windowLevel).
+func (s *Store) DownSince() time.Time {
+	since := s.downSince.Load()
+	if since == 0 || since <= s.answered.Load() {
+		return time.Time{}
+	}
+	return time.Unix(0, since)
 }
 
 // key returns the Redis key of a partition: the prefix, then the partition
@@ -190,9 +254,18 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 // connection's read timeout is read all the same: a slow link answers
 // most abandoned calls this way.
 func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, keys []string, late func(v any), args ...any) (any, error) {
-	n := s.breaker.NodeFor(ctx, keys[0])
+	return s.runCall(ctx, op, keys[0], func(ctx context.Context) (any, error) {
+		return script.Run(ctx, s.rdb, keys, args...).Result()
+	}, late)
+}
+
+// runCall is runLate for any call on key's node: call runs with the
+// call's deadline.
+func (s *Store) runCall(ctx context.Context, op string, key string, call func(context.Context) (any, error), late func(v any)) (any, error) {
+	n := s.breaker.NodeFor(ctx, key)
 	o := n.Outage()
 	if n.Down() {
+		s.markDown(time.Now())
 		return nil, ErrStoreDown
 	}
 	start := time.Now()
@@ -212,8 +285,12 @@ func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, ke
 	var fate atomic.Int32
 	n.Begin(start.UnixNano())
 	go func() {
-		v, err := script.Run(callCtx, s.rdb, keys, args...).Result()
-		n.End(time.Now().UnixNano(), err == nil)
+		v, err := call(callCtx)
+		at := time.Now().UnixNano()
+		n.End(at, err == nil)
+		if err == nil {
+			s.answered.Store(at)
+		}
 		if fate.CompareAndSwap(callPending, callAnswered) {
 			res <- result{v, err}
 			return
@@ -245,6 +322,7 @@ func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, ke
 		s.opts.Metrics.Calls.WithLabelValues(op, "ok").Inc()
 	case o.Err() != nil:
 		s.opts.Metrics.Calls.WithLabelValues(op, "abandoned").Inc()
+		s.markDown(done)
 		err = ErrStoreDown
 	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 		// The caller went away; that says nothing about Redis.
@@ -288,6 +366,9 @@ type lease struct {
 	// forgot is set when the lease retired by this call was one Redis had
 	// forgotten: nothing was given back, and what was spent of it charged.
 	forgot bool
+	// unreplicated is set when the call's WAIT (StoreOptions.WaitReplicas)
+	// found fewer replicas holding the lease than asked.
+	unreplicated bool
 }
 
 // leaseAsk is what one lease call asks for.
@@ -343,14 +424,59 @@ func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a le
 	if !a.charge {
 		late = func(v any) { s.undoLate(partition, a, v) }
 	}
-	v, err := s.runLate(ctx, "lease", bucketLease, s.retireKeys(partition, a.retire), late,
-		intervalMicros(l), l.Capacity(), a.want, a.need, s.nowArg(time.Microsecond), a.debt,
+	keys := s.retireKeys(partition, a.retire)
+	args := []any{intervalMicros(l), l.Capacity(), a.want, a.need, s.nowArg(time.Microsecond), a.debt,
 		a.life.Milliseconds(), a.peers, a.retire.id, a.retire.granted, a.retire.unspent, a.spent, chargeFlag(a.charge), blockMicros(l),
-		a.retire.k, a.retire.g, a.retire.owed, a.retire.owedSince, a.retire.epoch)
+		a.retire.k, a.retire.g, a.retire.owed, a.retire.owedSince, a.retire.epoch}
+	if s.opts.WaitReplicas <= 0 || s.opts.Pipeline == nil || a.charge || a.life <= 0 || a.want <= a.spent {
+		// No lease held past the request in hand: nothing to wait for.
+		v, err := s.runLate(ctx, "lease", bucketLease, keys, late, args...)
+		if err != nil {
+			return lease{}, err
+		}
+		return leaseOf(v)
+	}
+	var acked atomic.Int64
+	v, err := s.runCall(ctx, "lease", keys[0], func(ctx context.Context) (any, error) {
+		v, n, err := s.leaseAndWait(ctx, keys, args)
+		acked.Store(n)
+		return v, err
+	}, late)
 	if err != nil {
 		return lease{}, err
 	}
-	return leaseOf(v)
+	ls, err := leaseOf(v)
+	ls.unreplicated = acked.Load() < int64(s.opts.WaitReplicas)
+	return ls, err
+}
+
+// leaseAndWait runs bucket_lease and then WAIT on one connection, in one
+// round trip: WAIT waits for the replicas to acknowledge the stream up to
+// the connection's last write, so it must follow the lease where the lease
+// ran (an autopipelined call may leave on any connection of the pool).
+// It returns the script's reply and the replicas that acknowledged it.
+func (s *Store) leaseAndWait(ctx context.Context, keys []string, args []any) (any, int64, error) {
+	run := func(eval func(p redis.Pipeliner) *redis.Cmd) (any, int64, error) {
+		p, err := s.opts.Pipeline(ctx, keys[0])
+		if err != nil {
+			return nil, 0, err
+		}
+		cmd := eval(p)
+		w := p.Do(ctx, "WAIT", s.opts.WaitReplicas, max(s.opts.WaitTimeout.Milliseconds(), 1))
+		p.Exec(ctx) // each command's error is its own
+		if err := cmd.Err(); err != nil {
+			return nil, 0, err
+		}
+		n, _ := w.Int64() // a WAIT that failed counts as no replica
+		return cmd.Val(), n, nil
+	}
+	v, n, err := run(func(p redis.Pipeliner) *redis.Cmd { return bucketLease.EvalSha(ctx, p, keys, args...) })
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// A server that lost its scripts (a restart, a failover to a
+		// replica that never loaded them): send the script itself.
+		return run(func(p redis.Pipeliner) *redis.Cmd { return bucketLease.Eval(ctx, p, keys, args...) })
+	}
+	return v, n, err
 }
 
 // leaseOf reads bucket_lease's reply.
@@ -455,13 +581,14 @@ type windowLease struct {
 // partition under l (a fixed or sliding window), at most half of what
 // fits over peers replicas, after giving back the unspent units of the
 // lease in back.
-func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit, want, need, peers int64, back held) (windowLease, error) {
+func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit, want, need, peers int64, back held, hold windowHold) (windowLease, error) {
 	key := []string{s.algorithmKey(partition, l.Algorithm)}
 	script, name := fixedWindowScript, "fixed_window"
 	if l.Algorithm == quota.SlidingWindow {
 		script, name = slidingWindowScript, "sliding_window"
 	}
-	v, err := s.run(ctx, "lease", script, key, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), want, need, peers, back.id, back.unspent, "", blockMicros(l))
+	late := func(v any) { s.undoWindowLate(partition, l, v) }
+	v, err := s.runLate(ctx, "lease", script, key, late, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), want, need, peers, back.id, back.unspent, "", blockMicros(l), hold.units, hold.start)
 	if err != nil {
 		return windowLease{}, err
 	}

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +17,13 @@ import (
 type Table struct {
 	*localcache.Cache[*keyState]
 	onEvict atomic.Pointer[func(key string, e *keyState)]
+
+	// owing names the keys given a debt under a known limit (OweUnder)
+	// since the store last charged debts as its master came back
+	// (Store.chargeDebts), at most the table's bound of them: a key left
+	// out keeps its debt for its next call.
+	owingMu sync.Mutex
+	owing   map[string]struct{}
 }
 
 // keyState is one key's entry in a Table.
@@ -26,13 +34,29 @@ type keyState struct {
 	remoteAt int64
 	// debt is what this replica admitted for the key by fallback (token
 	// buckets), not yet charged to its Redis bucket (see Owe).
-	debt  int64
-	slice // hybrid mode's lease
+	debt int64
+	// owedUnder is the limit the debt was admitted under (OweUnder), so
+	// that it can be charged before any decision reaches a Redis that
+	// comes back (Store.chargeDebts); nil: charged with the key's next
+	// call only.
+	owedUnder *quota.Limit
+	// fellBack is the last window (fixed or sliding) this replica decided
+	// the key in by its fallback while Redis was out of its reach (see
+	// FellBack).
+	fellBack windowFallback
+	slice    // hybrid mode's lease
+}
+
+// windowFallback is what a replica's fallback admitted in one window of
+// a key: the window's start (unix µs, as the scripts count it) and the
+// units, none of which Redis counted.
+type windowFallback struct {
+	start, took int64
 }
 
 // NewTable returns a table of at most maxKeys keys.
 func NewTable(maxKeys int) (*Table, error) {
-	t := &Table{}
+	t := &Table{owing: map[string]struct{}{}}
 	c, err := localcache.New(maxKeys, func(key string, e *keyState) {
 		if fn := t.onEvict.Load(); fn != nil {
 			(*fn)(key, e)
@@ -89,6 +113,57 @@ func (t *Table) Owe(key string, units int64) {
 	sh.Unlock()
 }
 
+// OweUnder is Owe for units admitted under l: the debt is also charged as
+// soon as Redis answers again, before decisions reach it
+// (Store.chargeDebts), not only with the key's next call.
+func (t *Table) OweUnder(key string, l quota.Limit, units int64) {
+	if units <= 0 {
+		return
+	}
+	sh := t.Lock(key)
+	e := stateLocked(sh, key)
+	e.debt += units
+	if e.owedUnder == nil {
+		e.owedUnder = new(quota.Limit)
+	}
+	*e.owedUnder = l
+	sh.Unlock()
+	t.owingMu.Lock()
+	if len(t.owing) < t.Bound() {
+		t.owing[key] = struct{}{}
+	}
+	t.owingMu.Unlock()
+}
+
+// owed is one key's debt taken for charging (takeOwed).
+type owed struct {
+	key   string
+	limit quota.Limit
+	units int64
+}
+
+// takeOwed takes the token buckets' debts of the keys named by OweUnder
+// since the last call, as much as each key owes now, clearing them: the
+// caller charges them, or gives them back with OweUnder when it cannot.
+// Keys evicted since, or whose debt a call charged meanwhile, are
+// skipped; a window's debt (charge: always) stays for its next call.
+func (t *Table) takeOwed() []owed {
+	t.owingMu.Lock()
+	keys := t.owing
+	t.owing = map[string]struct{}{}
+	t.owingMu.Unlock()
+	out := make([]owed, 0, len(keys))
+	for key := range keys {
+		sh := t.Lock(key)
+		if e, ok := sh.Peek(key); ok && e.debt > 0 && e.owedUnder != nil && e.owedUnder.Algorithm == quota.TokenBucket {
+			out = append(out, owed{key: key, limit: *e.owedUnder, units: e.debt})
+			e.debt = 0
+		}
+		sh.Unlock()
+	}
+	return out
+}
+
 // takeDebt returns key's debt and clears it, for a call that charges it.
 func (t *Table) takeDebt(key string) int64 {
 	sh := t.Lock(key)
@@ -100,4 +175,31 @@ func (t *Table) takeDebt(key string) int64 {
 	d := e.debt
 	e.debt = 0
 	return d
+}
+
+// FellBack records units of key's window (fixed or sliding) that the
+// fallback admitted in the window starting at start (unix µs) while Redis
+// was out of this replica's reach. Until the window ends, the key's calls
+// to Redis hold them out of the window's room (Resilient.hold): Redis
+// counted none of them, and without this a window in which Redis came
+// back would admit its fallback share and then its whole limit again.
+func (t *Table) FellBack(key string, start, took int64) {
+	sh := t.Lock(key)
+	e := stateLocked(sh, key)
+	if e.fellBack.start != start {
+		e.fellBack = windowFallback{start: start}
+	}
+	e.fellBack.took += took
+	sh.Unlock()
+}
+
+// FellBackIn is what the fallback admitted of key in the window starting
+// at start (unix µs): see FellBack.
+func (t *Table) FellBackIn(key string, start int64) int64 {
+	sh := t.Lock(key)
+	defer sh.Unlock()
+	if e, ok := sh.Peek(key); ok && e.fellBack.start == start {
+		return e.fellBack.took
+	}
+	return 0
 }

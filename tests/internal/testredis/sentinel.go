@@ -279,3 +279,98 @@ func (g *Sentinels) WaitPromoted(killed *Server, d time.Duration) (promoted *Ser
 		time.Sleep(5 * time.Millisecond) // polling Sentinel's own failover
 	}
 }
+
+// Replicated is what a master had run and written at one instant: its
+// replication offset and its script calls (EVAL and EVALSHA, from INFO
+// commandstats).
+type Replicated struct {
+	Offset  int64
+	Scripts int64
+}
+
+// CutReplication makes replica r miss every write its master runs from
+// now on, and returns what the master had run when r stopped following
+// it: r holds every byte of the stream up to then and none after. Writes
+// are paused on the master (CLIENT PAUSE WRITE: scripts wait, the
+// replication stream stands still) until r has applied the whole stream;
+// then r's link is dropped (CLIENT KILL TYPE master on r) and its
+// reconnections refused: r's masterauth is set to a password, and the
+// master, which has none, answers its AUTH with an error, so r retries
+// every second and never syncs. Writes resume. r stays up and answers
+// the sentinels, so a failover may promote it, as it promotes a replica
+// partitioned from its master (Sentinel skips a replica whose link has
+// been down longer than ten times down-after-milliseconds, 10s here).
+func (g *Sentinels) CutReplication(r *Server) Replicated {
+	t := g.t
+	t.Helper()
+	ctx := context.Background()
+	m, rc := g.Client(g.Master.Addr), g.Client(r.Addr)
+	if err := m.Do(ctx, "CLIENT", "PAUSE", "5000", "WRITE").Err(); err != nil {
+		t.Fatalf("CLIENT PAUSE on the master: %v", err)
+	}
+	defer m.Do(ctx, "CLIENT", "UNPAUSE")
+	at := Replicated{Offset: infoInt(t, m, "replication", "master_repl_offset")}
+	deadline := time.Now().Add(3 * time.Second)
+	for infoInt(t, rc, "replication", "slave_repl_offset") < at.Offset {
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %s did not reach the master's offset %d within 3s", r.Addr, at.Offset)
+		}
+		time.Sleep(time.Millisecond) // polling the replica's offset while writes are paused
+	}
+	at.Scripts = scriptCalls(ctx, m)
+	if err := rc.ConfigSet(ctx, "masterauth", "cut-by-test").Err(); err != nil {
+		t.Fatalf("CONFIG SET masterauth on the replica: %v", err)
+	}
+	if err := rc.Do(ctx, "CLIENT", "KILL", "TYPE", "master").Err(); err != nil {
+		t.Fatalf("CLIENT KILL TYPE master on the replica: %v", err)
+	}
+	for !strings.Contains(rc.Info(ctx, "replication").Val(), "master_link_status:down") {
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %s still linked to its master after CLIENT KILL", r.Addr)
+		}
+		time.Sleep(time.Millisecond) // polling the replica's link
+	}
+	return at
+}
+
+// KillMasterCounted kills the master (SIGKILL) with its writes paused
+// first, and returns what it had run by then: no script runs between the
+// count and the kill.
+func (g *Sentinels) KillMasterCounted() Replicated {
+	t := g.t
+	t.Helper()
+	ctx := context.Background()
+	m := g.Client(g.Master.Addr)
+	if err := m.Do(ctx, "CLIENT", "PAUSE", "10000", "WRITE").Err(); err != nil {
+		t.Fatalf("CLIENT PAUSE on the master: %v", err)
+	}
+	at := Replicated{Offset: infoInt(t, m, "replication", "master_repl_offset"), Scripts: scriptCalls(ctx, m)}
+	g.Master.Kill()
+	return at
+}
+
+// scriptCalls is how many scripts c's server has run.
+func scriptCalls(ctx context.Context, c *redis.Client) int64 {
+	calls := commandCalls(ctx, c)
+	return calls["eval"] + calls["evalsha"]
+}
+
+// infoInt reads an integer field of an INFO section.
+func infoInt(t testing.TB, c *redis.Client, section, field string) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), section).Result()
+	if err != nil {
+		t.Fatalf("INFO %s: %v", section, err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("INFO %s %s: %q", section, field, v)
+			}
+			return n
+		}
+	}
+	t.Fatalf("INFO %s has no %s", section, field)
+	return 0
+}

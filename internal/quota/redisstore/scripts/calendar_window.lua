@@ -50,4 +50,4 @@ if ARGV[1] == 'refund' then
   return 0
 end
 
-return window_take(KEYS[1], ws, we, now, n, math.max(n, 1), limit, keep, 0, -1, 0, ARGV[1] == 'charge', tonumber(ARGV[5]) or 0)
+return window_take(KEYS[1], ws, we, now, n, math.max(n, 1), limit, keep, 0, -1, 0, ARGV[1] == 'charge', tonumber(ARGV[5]) or 0, 0)

@@ -13,6 +13,9 @@
 --          unspent units; empty: none
 -- ARGV[9]  1: a charge (charge: always, window_take.lua); empty: a take
 -- ARGV[10] block_for in µs, the penalty box (window_take.lua); empty: none
+-- ARGV[11], ARGV[12]  units held out of the room (window_take.lua's
+--          reserve) and the start (µs) of the window they are held in:
+--          in another window, nothing is held; empty: none
 --
 -- Returns window_take's {allowed, remaining, retry, reset, delay, granted, ws, left}.
 local w = tonumber(ARGV[1])
@@ -26,4 +29,6 @@ local now = now_us(ARGV[3])
 local n = tonumber(ARGV[4]) or 1
 local need = tonumber(ARGV[5]) or math.max(n, 1)
 local ws = now - (now % w)
-return window_take(KEYS[1], ws, ws + w, now, n, need, limit, keep, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or -1, tonumber(ARGV[8]) or 0, ARGV[9] == '1', tonumber(ARGV[10]) or 0)
+local reserve = 0
+if tonumber(ARGV[12]) == ws then reserve = tonumber(ARGV[11]) or 0 end
+return window_take(KEYS[1], ws, ws + w, now, n, need, limit, keep, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or -1, tonumber(ARGV[8]) or 0, ARGV[9] == '1', tonumber(ARGV[10]) or 0, reserve)

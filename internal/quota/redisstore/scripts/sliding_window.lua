@@ -32,6 +32,12 @@
 --          honoured whatever ARGV[10] says. Empty: none. A hybrid lease
 --          granted before the block may still be spent by its replica: at
 --          most what it leased, about the request's cost near the limit.
+-- ARGV[11], ARGV[12]  units held out of this window's room, and the start
+--          (µs) of the window they are held in (in another: nothing is
+--          held): a replica that decided this window by its fallback
+--          while Redis was out of its reach sets aside its own fallback
+--          admissions and what the other replicas' may have been, which
+--          Redis never counted. Empty: none.
 --
 -- Returns {allowed, remaining, retry, reset, delay, granted, ws, left}: 1
 -- or 0; units that would still fit now; µs until one fits when rejected
@@ -73,6 +79,8 @@ local function save()
   if until_ > now then redis.call('HSET', KEYS[1], 'b', string.format('%d', until_)) end
   expire()
 end
+local reserve = 0
+if tonumber(ARGV[12]) == ws then reserve = tonumber(ARGV[11]) or 0 end
 local back = tonumber(ARGV[8]) or 0
 local dirty = false
 if back > 0 and tonumber(ARGV[7]) == ws and c > 0 then
@@ -89,7 +97,7 @@ end
 -- estimate + n <= limit, multiplied through by w to stay in integers:
 -- p*(w-e)/w + c + n <= limit.
 local charge = ARGV[9] == '1' and n > 0
-local fits = p * (w - e) + (c + spend) * w <= limit * w
+local fits = p * (w - e) + (c + reserve + spend) * w <= limit * w
 if not charge and (until_ > now or (not fits and block > 0)) then
   if until_ <= now then
     until_ = now + block
@@ -98,11 +106,11 @@ if not charge and (until_ > now or (not fits and block > 0)) then
   if dirty then save() end
   return {0, 0, until_ - now, until_ - now, 0, 0, ws, w - e}
 end
-if charge or p * (w - e) + (c + spend) * w <= limit * w then
+if charge or fits then
   local reset = 2 * w - e
   local granted = n
   if peers > 0 and not charge then
-    local room = math.floor((limit * w - p * (w - e)) / w) - c
+    local room = math.floor((limit * w - p * (w - e)) / w) - c - reserve
     granted = math.min(n, math.max(spend, math.floor(room / (2 * peers))))
   end
   if granted > 0 then
@@ -113,7 +121,7 @@ if charge or p * (w - e) + (c + spend) * w <= limit * w then
     if p > 0 then reset = w - e end
   end
   if dirty then save() end
-  return {1, math.max(math.floor((limit * w - p * (w - e) - c * w) / w), 0), 0, reset, 0, granted, ws, w - e}
+  return {1, math.max(math.floor((limit * w - p * (w - e) - (c + reserve) * w) / w), 0), 0, reset, 0, granted, ws, w - e}
 end
 if dirty then save() end
 

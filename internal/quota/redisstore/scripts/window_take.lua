@@ -30,12 +30,18 @@
 -- what was leased, half of what was left over the replicas, about the
 -- request's cost near the limit.
 --
+-- reserve (units) is held out of the window's room: a replica that
+-- decided this window by its fallback while Redis was out of its reach
+-- asks Redis again only for what is left once its own fallback
+-- admissions and what the other replicas' fallbacks may have admitted in
+-- the same window are set aside (Redis never counted either).
+--
 -- Returns {allowed, remaining, retry, reset, delay, granted, ws, left}: 1
 -- or 0; units left in this window; µs until the window ends when rejected
 -- (else 0); µs until the window ends; 0 (no algorithm but the leaky bucket
 -- holds requests); units taken; the window's start (µs), the lease's name;
 -- µs until it ends, the lease's life.
-local function window_take(key, ws, we, now, want, need, limit, keep, peers, back_ws, back, charge, block)
+local function window_take(key, ws, we, now, want, need, limit, keep, peers, back_ws, back, charge, block, reserve)
   local left = we - now
   local st = redis.call('HMGET', key, 'w', 'c', 'b')
   local c = 0
@@ -53,7 +59,7 @@ local function window_take(key, ws, we, now, want, need, limit, keep, peers, bac
     dirty = true
   end
   local granted = 0
-  local room = limit - c
+  local room = limit - c - reserve
   local charging = charge and want > 0
   if not charging and (until_ > now or (room < need and block > 0)) then
     if until_ <= now then
@@ -81,6 +87,6 @@ local function window_take(key, ws, we, now, want, need, limit, keep, peers, bac
     -- The count means nothing once its window is over.
     expire()
   end
-  if granted > 0 or room >= need then return {1, math.max(limit - c, 0), 0, left, 0, granted, ws, left} end
+  if granted > 0 or room >= need then return {1, math.max(limit - c - reserve, 0), 0, left, 0, granted, ws, left} end
   return {0, 0, left, left, 0, 0, ws, left}
 end

@@ -1,0 +1,156 @@
+package tests
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/extauthz/extauthz/tests/internal/testredis"
+)
+
+// A fixed window under the network faults that take Redis away from the
+// replicas (issue 32): the anchor's policy (3 per second per user, 20
+// users, the rate limit service door; tests/faults_anchor_test.go) at
+// redis mode and hybrid mode side by side, each with three replicas at the
+// shipped defaults behind a proxy of its own. A network fault makes Redis
+// forget nothing, so each mode admits no more than one exact window per
+// key: the limit in every second the run touched. Before the fix redis
+// mode admitted 600, 598 and 576 of 540 under the blackhole, 80ms ± 40 and
+// 250ms: a window's Redis count and the replicas' fallback shares of the
+// same window added up (docs/reliability.md).
+
+// windowFaults are the faults the window runs under: those that send
+// decisions to the fallback, and those that fail some calls and not
+// others (reset_peer, slicer), where some replicas fall back while the
+// others go on counting in Redis.
+var windowFaults = []string{"latency 80ms ±40ms", "latency 250ms (above the 150ms call timeout)", "blackhole (timeout toxic)", "reset_peer on half the connections", "slicer 1-byte pieces, 1ms apart"}
+
+// windowFaultsShort is the one make test runs: the blackhole, where every
+// replica falls back at once and comes back at once.
+var windowFaultsShort = []string{"blackhole (timeout toxic)"}
+
+func TestWindowUnderNetworkFaults(t *testing.T) {
+	serial(t, "it measures decisions through injected network faults at the breaker's defaults: other tests' load would add faults of its own")
+	x := startToxiproxy(t)
+	section, _ := domainDir(t, map[string]string{"faults.yaml": anchorDomain})
+	var modes []*modeUnderFault
+	for _, mode := range []string{"redis", "hybrid"} {
+		addr := x.proxy(mode, testredis.Start(t).Addr)
+		var replicas []*sidecar
+		var addrs []string
+		for range 3 {
+			r := startProcess(t, faultBinary(), writeConfig(t, defaultsConfig(addr, mode, section)), nil)
+			replicas = append(replicas, r)
+			addrs = append(addrs, r.GRPC)
+		}
+		waitPeers(t, replicas, 3)
+		m := rlsMode(t, mode, mode, addrs)
+		m.replicas = replicas
+		m.server = m.serverSideOf("rls")
+		m.degraded = degradedOf(replicas)
+		modes = append(modes, m)
+	}
+	faultSuite{
+		faults:    windowFaults,
+		short:     windowFaultsShort,
+		label:     ", fixed window",
+		sourceNet: 180,
+		check: func(t *testing.T, runs []*faultRun, plan faultPlan) {
+			for _, r := range runs {
+				got, limit := afterFault(r, anchorLimit, plan.keys)
+				t.Logf("%s mode: windows wholly after the fault ended admitted %d of %d", r.mode, got, limit)
+				if r.errors > 0 {
+					t.Errorf("%s mode: %d gRPC errors of %d decisions (first: %v; the replicas failed %v and answered %v after 250ms); want none", r.mode, r.errors, r.decisions, r.firstError, r.server.failed, r.server.slow)
+				}
+				if !r.recovered || r.recovery > 2*time.Second {
+					t.Errorf("%s mode: degraded decisions %v after the fault ended (recovered: %v); want Redis-backed again within 2s", r.mode, r.recovery, r.recovered)
+				}
+				if r != runs[0] && r.allowed > runs[0].allowed+plan.keys {
+					t.Errorf("hybrid admitted %d, more than redis mode under the same fault (%d, +1 per key for a call sent as a window turned)", r.allowed, runs[0].allowed)
+				}
+				// One exact window per key admits the limit in each
+				// window, whatever the others admit: a window over it
+				// is a fault's count added to Redis's, even where the
+				// run's total stays under the sum (the fallback's empty
+				// shares elsewhere hide it there).
+				over, windows := overWindows(r, anchorLimit)
+				if r.allowed > r.exact || over > 0 {
+					t.Errorf("%s mode admitted %d, %d key windows over the limit of %d; one exact window per key allows at most %d in all (a network fault makes Redis forget nothing); windows over the limit, by when their calls were sent:\n%s", r.mode, r.allowed, over, anchorLimit, r.exact, windows)
+				} else {
+					t.Logf("%s mode: windows over the limit, by when their calls were sent:\n%s", r.mode, windows)
+				}
+			}
+		},
+	}.run(t, x, modes)
+}
+
+// overWindows counts and lists, per key, the one-second windows in which
+// r admitted more than limit, each with where it lies against the fault: the window
+// each reply says it was decided in (its reset), else the one its call
+// was sent in (a call sent just before a window turned may have been
+// decided in the next).
+func overWindows(r *faultRun, limit int) (over int, report string) {
+	type kw struct {
+		key int
+		w   time.Time
+	}
+	counts := map[kw][]time.Duration{}
+	for _, a := range r.admissions {
+		w := a.window
+		if w.IsZero() {
+			w = a.at.Truncate(time.Second)
+		}
+		counts[kw{a.key, w}] = append(counts[kw{a.key, w}], a.at.Sub(w).Round(time.Millisecond))
+	}
+	var lines []string
+	for k, sent := range counts {
+		if len(sent) <= limit {
+			continue
+		}
+		slices.Sort(sent)
+		lines = append(lines, fmt.Sprintf("  key %2d, window from %+.3fs after the fault began (it ended at %+.3fs): %d, sent at %v into it", k.key, k.w.Sub(r.faultAt).Seconds(), r.clearedAt.Sub(r.faultAt).Seconds(), len(sent), sent))
+	}
+	slices.Sort(lines)
+	over = len(lines)
+	if len(lines) == 0 {
+		lines = append(lines, "  none")
+	}
+	// And every window's admissions over the keys, to show where a run
+	// fell short of the limit.
+	perWindow := map[time.Time]int{}
+	for k, sent := range counts {
+		perWindow[k.w] += len(sent)
+	}
+	var ws []time.Time
+	for w := range perWindow {
+		ws = append(ws, w)
+	}
+	slices.SortFunc(ws, func(a, b time.Time) int { return a.Compare(b) })
+	var all []string
+	for _, w := range ws {
+		all = append(all, fmt.Sprintf("%+.1fs: %d", w.Sub(r.faultAt).Seconds(), perWindow[w]))
+	}
+	lines = append(lines, "  every window, from when it began after the fault did: "+strings.Join(all, ", "))
+	return over, strings.Join(lines, "\n")
+}
+
+// afterFault is what r admitted in the one-second windows that began
+// after the fault ended and ended before the load stopped, and what the
+// limit allows in them over keys: a window the end of the fault is paid
+// for in admits less.
+func afterFault(r *faultRun, limit, keys int) (got, allowed int) {
+	first := r.clearedAt.Truncate(time.Second).Add(time.Second)
+	last := r.endAt.Truncate(time.Second) // the windows end by then
+	for _, a := range r.admissions {
+		w := a.window
+		if w.IsZero() {
+			w = a.at.Truncate(time.Second)
+		}
+		if !w.Before(first) && w.Before(last) {
+			got++
+		}
+	}
+	return got, keys * limit * int(max(last.Sub(first)/time.Second, 0))
+}
