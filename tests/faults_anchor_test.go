@@ -100,13 +100,7 @@ func rlsMode(t *testing.T, name, proxy string, addrs []string) *modeUnderFault {
 func startAnchor(t *testing.T, redisAddr string) []string {
 	t.Helper()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "ratelimit")
-	build := exec.Command("go", "build", "-o", bin, "github.com/envoyproxy/ratelimit/src/service_cmd")
-	build.Dir = "../tools/bench"
-	build.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("envoyproxy/ratelimit could not be built in tools/bench (the anchor's rows are not measured): %v\n%s", err, out)
-	}
+	bin := buildAnchor(t, dir)
 	appDir := filepath.Join(dir, "runtime", "ratelimit", "config")
 	must(t, os.MkdirAll(appDir, 0o700))
 	must(t, os.WriteFile(filepath.Join(appDir, "faults.yaml"), []byte(anchorDomain), 0o600))
@@ -145,6 +139,21 @@ func startAnchor(t *testing.T, redisAddr string) []string {
 		addrs = append(addrs, addr)
 	}
 	return addrs
+}
+
+// buildAnchor builds envoyproxy/ratelimit at the version tools/bench/go.mod
+// pins, through the Go module proxy (as `make bench-compare` does; never
+// committed), into dir, and returns the binary's path.
+func buildAnchor(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "ratelimit")
+	build := exec.Command("go", "build", "-o", bin, "github.com/envoyproxy/ratelimit/src/service_cmd")
+	build.Dir = "../tools/bench"
+	build.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("envoyproxy/ratelimit could not be built in tools/bench (the anchor is not run): %v\n%s", err, out)
+	}
+	return bin
 }
 
 // awaitHealthy waits up to 30s for the gRPC health check at addr to

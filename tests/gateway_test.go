@@ -1,11 +1,9 @@
 package tests
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,7 +18,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/extauthz/extauthz/tests/internal/testcerts"
 	"github.com/extauthz/extauthz/tests/internal/testredis"
@@ -120,62 +117,24 @@ type ratelimitProc struct {
 
 // startRatelimit starts bin with no arguments under env (after the test
 // process's own) and waits for it to serve; creds dials its gRPC door
-// (nil: plaintext). It is startProcess's twin for a process configured by
+// (nil: plaintext). It is startProcess for a process configured by
 // environment alone.
 func startRatelimit(t *testing.T, bin string, creds credentials.TransportCredentials, env ...string) *ratelimitProc {
 	t.Helper()
-	s := &sidecar{t: t, logs: &testredis.LogBuffer{}, done: make(chan error, 1)}
-	s.cmd = exec.Command(bin)
-	s.cmd.Env = append(os.Environ(), env...)
-	stderr, err := s.cmd.StderrPipe()
-	must(t, err)
-	must(t, s.cmd.Start())
-	ready := make(chan map[string]any, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		sent := false
-		for sc.Scan() {
-			line := sc.Bytes()
-			s.logs.Write(append(line, '\n'))
-			if !sent {
-				var rec map[string]any
-				if json.Unmarshal(line, &rec) == nil && rec["msg"] == "serving" {
-					ready <- rec
-					sent = true
-				}
-			}
-		}
-		io.Copy(io.Discard, stderr)
-		s.done <- s.cmd.Wait()
-		close(ready)
-	}()
+	s, ready := spawnRatelimit(t, bin, env...)
+	rec := s.await(ready, creds)
 	p := &ratelimitProc{sidecar: s}
-	select {
-	case rec, ok := <-ready:
-		if !ok {
-			t.Fatalf("ratelimit exited before serving:\n%s", s.logs)
-		}
-		s.GRPC, _ = rec["grpc"].(string)
-		s.Admin, _ = rec["admin"].(string)
-		p.Prometheus, _ = rec["prometheus"].(string)
-	case <-time.After(30 * time.Second):
-		s.cmd.Process.Kill()
-		t.Fatalf("ratelimit did not start within 30s:\n%s", s.logs)
-	}
-	if creds == nil {
-		creds = insecure.NewCredentials()
-	}
-	s.conn, err = grpc.NewClient("passthrough:///"+s.GRPC, grpc.WithTransportCredentials(creds))
-	must(t, err)
-	t.Cleanup(func() {
-		s.conn.Close()
-		s.stop()
-		if t.Failed() {
-			t.Logf("ratelimit log (%s):\n%s", s.GRPC, tail(s.logs.String(), 40))
-		}
-	})
+	p.Prometheus, _ = rec["prometheus"].(string)
 	return p
+}
+
+// spawnRatelimit starts bin as startRatelimit does, without waiting for
+// it to serve.
+func spawnRatelimit(t *testing.T, bin string, env ...string) (*sidecar, <-chan map[string]any) {
+	t.Helper()
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), env...)
+	return spawn(t, cmd, "ratelimit")
 }
 
 // runRatelimit runs bin with args under env to its end: its exit code and

@@ -370,3 +370,86 @@ func TestRatelimitHealthyWithConfig(t *testing.T) {
 		t.Fatal("/healthcheck still failing 5s after a configuration with a domain was pushed")
 	}
 }
+
+// nobodyListens reports whether a TCP connection to addr is refused
+// (nothing listens there).
+func nobodyListens(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		c.Close()
+		return false
+	}
+	return true
+}
+
+// Without FORCE_START_WITHOUT_INITIAL_CONFIG, as the anchor: with the xDS
+// server absent at start, the process retries it and opens no listener
+// (neither the gRPC door nor /healthcheck answers) however many attempts
+// fail; the server appearing, its first configuration is applied and the
+// process serves and decides by it. A SIGTERM while it waits ends it
+// with exit 0. A first update that is refused (NACKed) ends the wait as
+// the anchor's does: the process serves with no descriptors (every
+// request OK) and applies the next good update.
+func TestRatelimitXDSAbsentAtStart(t *testing.T) {
+	parallel(t)
+	certs := testcerts.Write(t, "xds")
+	xdsAddr := freeLoopbackPort(t)
+	_, httpPort, _ := net.SplitHostPort(freeLoopbackPort(t))
+	_, grpcPort, _ := net.SplitHostPort(freeLoopbackPort(t))
+	// Fixed ports (set after loopbackEnv's 0s, so these win): the test
+	// asks them before the process serves, when no log names them.
+	env := append(xdsEnv(certs, xdsAddr), "PORT="+httpPort, "GRPC_PORT="+grpcPort)
+	s, ready := spawnRatelimit(t, ratelimitBinary(t), env...)
+	const unavailable = `"msg":"xds: the configuration server is unavailable`
+	if !within(10*time.Second, func() bool { return strings.Count(s.logs.String(), unavailable) >= 2 }) {
+		t.Fatalf("no two failed attempts at the absent xDS server logged within 10s")
+	}
+	select {
+	case <-ready:
+		t.Fatal("serving with the xDS server absent and FORCE_START_WITHOUT_INITIAL_CONFIG off")
+	default:
+	}
+	for _, port := range []string{httpPort, grpcPort} {
+		if !nobodyListens("127.0.0.1:" + port) {
+			t.Fatalf("127.0.0.1:%s answers while the first configuration has not arrived; the anchor opens no listener", port)
+		}
+	}
+	x := newXDSServer(t, certs, xdsAddr)
+	x.push("1", listenerDomain())
+	s.await(ready, nil)
+	p := &ratelimitProc{sidecar: s}
+	if got := admittedOf(p, 5, "default/eg/http", chainRequest("backend")); got != 3 {
+		t.Fatalf("route rule after the server appeared: %d of 5 admitted, want 3", got)
+	}
+	if code, body := healthcheck(t, s.Admin); code != 200 || body != "OK" {
+		t.Fatalf("/healthcheck = %d %q, want 200 OK", code, body)
+	}
+
+	t.Run("SIGTERM while waiting", func(t *testing.T) {
+		w, _ := spawnRatelimit(t, ratelimitBinary(t), xdsEnv(certs, freeLoopbackPort(t))...)
+		if !w.logShows("xds: waiting for the first configuration", 10*time.Second) {
+			t.Fatal("no waiting line logged within 10s")
+		}
+		if err := w.stop(); err != nil {
+			t.Fatalf("SIGTERM while waiting: %v, want exit 0", err)
+		}
+	})
+
+	t.Run("first update refused", func(t *testing.T) {
+		bad := newXDSServer(t, certs, "127.0.0.1:0")
+		bad.push("1", listenerDomain(routeChain("backend", 0, hourLimit(9), false)))
+		p := startRatelimit(t, ratelimitBinary(t), nil, xdsEnv(certs, bad.addr)...)
+		// The NACK goes out as the process starts serving: it reaches the
+		// server's callback shortly after, not before.
+		if !within(5*time.Second, func() bool { return len(bad.nacked()) > 0 }) {
+			t.Fatal("serving, but the refused first update was not NACKed within 5s")
+		}
+		if got := admittedOf(p, 5, "default/eg/http", chainRequest("backend")); got != 5 {
+			t.Fatalf("with no descriptors, %d of 5 admitted; want all", got)
+		}
+		bad.push("2", listenerDomain())
+		if !within(5*time.Second, func() bool { return limited(p, "default/eg/http", chainRequest("backend")) }) {
+			t.Fatal("the good update after a refused first one was not applied within 5s")
+		}
+	})
+}

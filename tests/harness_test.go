@@ -27,6 +27,7 @@ import (
 	"github.com/extauthz/extauthz/tests/internal/loadgen"
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -246,6 +247,7 @@ type sidecar struct {
 	Client authv3.AuthorizationClient
 	conn   *grpc.ClientConn
 	config string // path of its configuration file
+	name   string // what the process is, in failure messages: extauthz, ratelimit
 	logs   *testredis.LogBuffer
 	done   chan error
 	term   sync.Once // SIGTERM is sent once (terminate)
@@ -290,15 +292,27 @@ func writeConfig(t *testing.T, cfg string) string {
 
 func startProcess(t *testing.T, bin, path string, env []string, extraArgs ...string) *sidecar {
 	t.Helper()
-	s := &sidecar{t: t, config: path, logs: &testredis.LogBuffer{}, done: make(chan error, 1)}
 	args := append([]string{"serve", "-config", path, "-log-format", "json"}, extraArgs...)
-	s.cmd = exec.Command(bin, args...)
-	s.cmd.Env = append(os.Environ(), env...)
-	stderr, err := s.cmd.StderrPipe()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	s, ready := spawn(t, cmd, "extauthz")
+	s.config = path
+	s.await(ready, nil)
+	return s
+}
+
+// spawn starts cmd, a process that logs JSON to stderr, copying its log
+// to s.logs; ready receives its "serving" record, or is closed when the
+// process exits first. The process is stopped at the test's end (its log
+// tail shown if the test failed), served or not.
+func spawn(t *testing.T, cmd *exec.Cmd, name string) (*sidecar, <-chan map[string]any) {
+	t.Helper()
+	s := &sidecar{t: t, name: name, cmd: cmd, logs: &testredis.LogBuffer{}, done: make(chan error, 1)}
+	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.cmd.Start(); err != nil {
+	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	ready := make(chan map[string]any, 1)
@@ -318,36 +332,53 @@ func startProcess(t *testing.T, bin, path string, env []string, extraArgs ...str
 			}
 		}
 		io.Copy(io.Discard, stderr)
-		s.done <- s.cmd.Wait()
+		s.done <- cmd.Wait()
 		close(ready)
 	}()
-	select {
-	case rec, ok := <-ready:
-		if !ok {
-			t.Fatalf("extauthz exited before serving:\n%s", s.logs)
+	running.add(t, s)
+	t.Cleanup(func() {
+		if s.conn != nil {
+			s.conn.Close()
 		}
+		running.terminate(t)
+		s.stop()
+		if t.Failed() {
+			t.Logf("%s log (%s):\n%s", s.name, s.GRPC, tail(s.logs.String(), 40))
+		}
+	})
+	return s, ready
+}
+
+// await waits up to 30s for a spawned process to serve, reads its
+// addresses from the serving record (returned) and dials its gRPC door
+// with creds (nil: plaintext).
+func (s *sidecar) await(ready <-chan map[string]any, creds credentials.TransportCredentials) map[string]any {
+	t := s.t
+	t.Helper()
+	var rec map[string]any
+	select {
+	case r, ok := <-ready:
+		if !ok {
+			t.Fatalf("%s exited before serving:\n%s", s.name, s.logs)
+		}
+		rec = r
 		s.GRPC, _ = rec["grpc"].(string)
 		s.HTTP, _ = rec["http"].(string)
 		s.Admin, _ = rec["admin"].(string)
 	case <-time.After(30 * time.Second):
 		s.cmd.Process.Kill()
-		t.Fatalf("extauthz did not start within 30s:\n%s", s.logs)
+		t.Fatalf("%s did not start within 30s:\n%s", s.name, s.logs)
 	}
-	s.conn, err = grpc.NewClient("passthrough:///"+s.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient("passthrough:///"+s.GRPC, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Client = authv3.NewAuthorizationClient(s.conn)
-	running.add(t, s)
-	t.Cleanup(func() {
-		s.conn.Close()
-		running.terminate(t)
-		s.stop()
-		if t.Failed() {
-			t.Logf("extauthz log (%s):\n%s", s.GRPC, tail(s.logs.String(), 40))
-		}
-	})
-	return s
+	s.conn = conn
+	s.Client = authv3.NewAuthorizationClient(conn)
+	return rec
 }
 
 // running holds the sidecars each test started, so that the first of
@@ -397,7 +428,7 @@ func (s *sidecar) stop() error {
 		return err
 	case <-time.After(15 * time.Second):
 		s.cmd.Process.Kill()
-		return fmt.Errorf("extauthz did not stop within 15s")
+		return fmt.Errorf("%s did not stop within 15s", s.name)
 	}
 }
 

@@ -7,13 +7,17 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/extauthz/extauthz/internal/anchorstats"
 	"github.com/extauthz/extauthz/internal/certfile"
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/gctune"
@@ -63,13 +67,24 @@ func runRatelimit(e env, args []string) (int, error) {
 		HealthyWithConfig: re.HealthyWithConfig,
 	}
 	if p := re.Prometheus; p != nil {
-		opts.Prometheus = &sidecar.PrometheusListener{Addr: p.Addr, Path: p.Path}
+		if opts.AnchorStats, err = anchorstats.New(p.MapperYAML, p.NearLimitRatio); err != nil {
+			return 1, fmt.Errorf("PROMETHEUS_MAPPER_YAML: %w", err)
+		}
+		// The anchor's series beside extauthz's own, on the listener the
+		// anchor serves them on.
+		anchorReg := prometheus.NewRegistry()
+		anchorReg.MustRegister(opts.AnchorStats)
+		opts.Prometheus = &sidecar.PrometheusListener{Addr: p.Addr, Path: p.Path,
+			Gatherer: func(reg *prometheus.Registry) prometheus.Gatherer { return prometheus.Gatherers{reg, anchorReg} }}
 	}
 	var rc *rlsconfig.Config
 	switch re.ConfigType {
 	case rlsenv.ConfigFile:
 		if rc, err = rlsconfig.LoadFor(cfg); err != nil {
 			return 1, err
+		}
+		if opts.AnchorStats != nil {
+			opts.AnchorStats.ConfigLoad(true) // the first load, as the anchor counts it
 		}
 		for _, w := range rlsconfig.WarningsOf(rc) {
 			log.Warn("config warning", "source", cfg.Source, "warning", w)
@@ -86,9 +101,11 @@ func runRatelimit(e env, args []string) (int, error) {
 }
 
 // serveXDS serves with descriptors over xDS: it subscribes, waits for the
-// first good configuration unless FORCE_START_WITHOUT_INITIAL_CONFIG is
-// set (then it serves at once, with no limits until one arrives), and
-// swaps in every update after that.
+// first configuration unless FORCE_START_WITHOUT_INITIAL_CONFIG is set
+// (then it serves at once, with no limits until one arrives), and swaps
+// in every update after that. As the anchor, it opens no listener while
+// it waits, however long the server is away, and a refused first update
+// (NACKed) ends the wait with no descriptors.
 func serveXDS(re *rlsenv.Env, cfg *config.Config, opts sidecar.Options, log *slog.Logger) (int, error) {
 	x := re.XDS
 	xo := rlsxds.Options{
@@ -143,7 +160,15 @@ func serveXDS(re *rlsenv.Env, cfg *config.Config, opts sidecar.Options, log *slo
 			}
 		} else if _, err := set.Load(rlsconfig.OptionsFor(cfg)); err != nil {
 			log.Error("xds: update refused (NACK)", "error", err.Error())
+			if opts.AnchorStats != nil {
+				opts.AnchorStats.ConfigLoad(false)
+			}
+			// The anchor waits for the first update, not the first good
+			// one: refused, it starts with no descriptors.
+			once.Do(func() { close(first) })
 			return err
+		} else if opts.AnchorStats != nil {
+			opts.AnchorStats.ConfigLoad(true)
 		}
 		current.Store(set)
 		once.Do(func() { close(first) })
@@ -154,8 +179,19 @@ func serveXDS(re *rlsenv.Env, cfg *config.Config, opts sidecar.Options, log *slo
 	defer cancel()
 	go rlsxds.Run(ctx, xo)
 	if !re.ForceStart {
+		// No listener is open yet, so nothing else stops the process: a
+		// SIGTERM while waiting ends it cleanly. The handler is in place
+		// before the line that says the process waits.
+		stop, unstop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		log.Info("xds: waiting for the first configuration before serving (FORCE_START_WITHOUT_INITIAL_CONFIG is off)", "server", x.ServerURL)
-		<-first
+		select {
+		case <-first:
+			unstop()
+		case <-stop.Done():
+			unstop()
+			log.Info("stopped before the first configuration arrived")
+			return 0, nil
+		}
 	}
 	mu.Lock()
 	rc, err := loadCurrent(cfg)

@@ -1,6 +1,8 @@
 package rls
 
 import (
+	"strings"
+
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	"github.com/extauthz/extauthz/internal/engine"
@@ -57,11 +59,23 @@ func sharedPartition(p *engine.Policy, entries []*ratelimitv3.RateLimitDescripto
 // flag is set. Values are escaped (non-printable bytes percent-encoded,
 // long ones replaced by their digest) so a name stays short and valid.
 func metricName(domain string, r *rule, entries []*ratelimitv3.RateLimitDescriptor_Entry, steps []step) string {
-	b := engine.AppendKeyValue(make([]byte, 0, 64), domain)
+	return string(appendStatName(make([]byte, 0, 64), domain, r, entries, steps, engine.AppendKeyValue))
+}
+
+// anchorStatKey is the same name unescaped, as the anchor's stats spell
+// it (internal/anchorstats replaces what the anchor replaces).
+func anchorStatKey(domain string, r *rule, entries []*ratelimitv3.RateLimitDescriptor_Entry, steps []step) string {
+	return string(appendStatName(make([]byte, 0, 64), domain, r, entries, steps, func(b []byte, v string) []byte { return append(b, v...) }))
+}
+
+// appendStatName appends a dynamic rule's stat name, each key and value
+// appended by part.
+func appendStatName(b []byte, domain string, r *rule, entries []*ratelimitv3.RateLimitDescriptor_Entry, steps []step, part func([]byte, string) []byte) []byte {
+	b = part(b, domain)
 	for i, e := range entries {
 		st := steps[i]
 		b = append(b, '.')
-		b = engine.AppendKeyValue(b, e.GetKey())
+		b = part(b, e.GetKey())
 		v := ""
 		switch {
 		case st.how == byWildcard && st.node.d.ShareThreshold:
@@ -77,10 +91,26 @@ func metricName(domain string, r *rule, entries []*ratelimitv3.RateLimitDescript
 		}
 		if v != "" {
 			b = append(b, '_')
-			b = engine.AppendKeyValue(b, v)
+			b = part(b, v)
 		}
 	}
-	return string(b)
+	return b
+}
+
+// anchorOverrideKey is the anchor's stat name of a limit Envoy sent: the
+// domain and every entry's key_value (or key), dot-joined.
+func anchorOverrideKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry) string {
+	var b strings.Builder
+	b.WriteString(domain)
+	for _, e := range entries {
+		b.WriteByte('.')
+		b.WriteString(e.GetKey())
+		if e.GetValue() != "" {
+			b.WriteByte('_')
+			b.WriteString(e.GetValue())
+		}
+	}
+	return b.String()
 }
 
 // overrideName is the metric name of a limit Envoy sent: the domain and

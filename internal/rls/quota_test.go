@@ -56,8 +56,9 @@ func TestQuotaModeIsSoft(t *testing.T) {
 	}
 	resp := f.call("gw", desc("soft", "a"))
 	st := resp.GetStatuses()[0]
-	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != 0 {
-		t.Fatalf("over a quota-mode limit: want overall OK, status OK with 0 remaining; got %v", resp)
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != 0 ||
+		st.GetCurrentLimit() == nil || st.GetDurationUntilReset() != nil {
+		t.Fatalf("over a quota-mode limit: want overall OK, status OK with its limit, 0 remaining and no reset (as the anchor); got %v", resp)
 	}
 	if v := violations(t, resp); len(v) != 1 || v[0] != 0 {
 		t.Fatalf("quotaModeViolations = %v, want [0]", v)
@@ -148,5 +149,22 @@ func TestLimitHeaders(t *testing.T) {
 	// No limit among the descriptors (an unknown key): no headers.
 	if got := headerMap(f.call("gw", desc("other", "x"))); len(got) != 0 {
 		t.Fatalf("no limit, headers = %v", got)
+	}
+}
+
+// A domain no file defines is answered with the anchor's dynamic metadata
+// too (its domain and descriptors, quotaModeEnabled false), as
+// envoyproxy/ratelimit answers every request with RESPONSE_DYNAMIC_METADATA
+// on (found side by side: TestRatelimitXDSBesideAnchor).
+func TestDynamicMetadataOfAnUnknownDomain(t *testing.T) {
+	f := quotaFixture(t, "rls: {dynamic_metadata: true}")
+	resp := f.call("elsewhere", desc("hard", "a"))
+	md := resp.GetDynamicMetadata().GetFields()
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || md["domain"].GetStringValue() != "elsewhere" || md["quotaModeEnabled"] == nil ||
+		md["descriptors"].GetListValue().GetValues()[0].GetStructValue().GetFields()["entries"].GetListValue().GetValues()[0].GetStringValue() != "hard=a" {
+		t.Fatalf("an unknown domain with dynamic_metadata: %v", resp)
+	}
+	if resp := quotaFixture(t, "").call("elsewhere", desc("hard", "a")); resp.GetDynamicMetadata() != nil {
+		t.Fatalf("an unknown domain without dynamic_metadata carries some: %v", resp)
 	}
 }

@@ -94,6 +94,11 @@ func (c *compiled) respond(req *rlsv3.RateLimitRequest, a *answer, o engine.Outc
 	if h := c.cfg.RLS.LimitHeaders; h != nil {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, limitHeaders(h, resp.Statuses, now)...)
 	}
+	// As the anchor, a quota-mode violation's status is OK with its limit
+	// and remaining, and no reset (the headers above took it).
+	for _, i := range violations {
+		resp.Statuses[i].DurationUntilReset = nil
+	}
 	if c.cfg.RLS.DynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, violations, a)
 	}

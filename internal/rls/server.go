@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 
+	"github.com/extauthz/extauthz/internal/anchorstats"
 	"github.com/extauthz/extauthz/internal/check"
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/engine"
@@ -56,7 +57,8 @@ type Server struct {
 	hold     engine.HoldFunc
 	log      *slog.Logger
 	current  atomic.Pointer[compiled]
-	budgets  budgets // metric names made from requests, across configurations
+	budgets  budgets            // metric names made from requests, across configurations
+	anchor   *anchorstats.Stats // nil: envoyproxy/ratelimit's stats are not counted
 }
 
 // Option configures a Server.
@@ -139,6 +141,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	a := answers.Get().(*answer)
 	resp, outcome, err := s.decide(ctx, c, req, now, a)
+	if s.anchor != nil && err == nil {
+		s.countAnchor(a, outcome)
+	}
 	a.reset()
 	answers.Put(a)
 	s.door.Observe(outcome, time.Since(start).Seconds())
@@ -169,6 +174,7 @@ func (a *answer) reset() { *a = answer{} }
 // slot is what one descriptor found.
 type slot struct {
 	rule    *rule                              // nil: no rate limit (or a limit Envoy sent)
+	stat    string                             // envoyproxy/ratelimit's stat key, when its stats are counted
 	current *rlsv3.RateLimitResponse_RateLimit // a limit Envoy sent, for the status
 	// takes[take:take+n] are the descriptor's rate limits, in order;
 	// n is 0 when nothing counts.
@@ -229,7 +235,12 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 			s.log.Warn("rls: a request names a domain no file defines; its descriptors are not limited (logged once per configuration)",
 				"domain", req.GetDomain(), "domains", len(c.domains))
 		}
-		return noLimits(len(ds)), engine.OK, nil
+		resp := noLimits(len(ds))
+		if c.cfg.RLS.DynamicMetadata {
+			// As the anchor: its metadata on every answer, no limit matched.
+			resp.DynamicMetadata = dynamicMetadata(req, nil, &answer{})
+		}
+		return resp, engine.OK, nil
 	}
 
 	// 1. Each descriptor's rate limit, its partition key and metric name,
@@ -250,6 +261,9 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 				return nil, engine.Failed, grpcstatus.Errorf(codes.Internal, "rls: %v", err)
 			}
 			a.open(nil, cur)
+			if s.anchor != nil {
+				a.slots[len(a.slots)-1].stat = anchorOverrideKey(dom.name, entries)
+			}
 			a.add(nil, engine.Taken{Policy: p, Key: partition(dom.name, entries, nil),
 				Limit: p.NewLimit(int64(cur.GetRequestsPerUnit()), window), Units: hits(req, d)})
 			continue
@@ -271,6 +285,12 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 			continue
 		}
 		matched := steps[:len(entries)]
+		if s.anchor != nil {
+			a.slots[len(a.slots)-1].stat = r.stat
+			if r.dynamic {
+				a.slots[len(a.slots)-1].stat = anchorStatKey(dom.name, r, entries, matched)
+			}
+		}
 		var metric string
 		if r.dynamic {
 			metric = metricName(dom.name, r, entries, matched)

@@ -539,13 +539,17 @@ func (r *reader) telemetry() {
 	r.str("EXTRA_TAGS", "", "unused without statsd")
 	r.str("STATS_FLUSH_INTERVAL", "10s", "unused: Prometheus is scraped")
 	r.boolean("DISABLE_STATS", false, "accepted: extauthz's own metrics stay on the HTTP listener's /metrics")
-	prom := r.boolean("USE_PROMETHEUS", false, "serve metrics for Prometheus on PROMETHEUS_ADDR: extauthz's own series (extauthz_decisions_total by policy, domain.key_value); the anchor's series names are not served")
+	prom := r.boolean("USE_PROMETHEUS", false, "serve metrics for Prometheus on PROMETHEUS_ADDR: the anchor's stats under the names PROMETHEUS_MAPPER_YAML gives (ratelimit_service_rate_limit_total_hits, ...), and extauthz's own series")
 	p := &Prometheus{
 		Addr:       r.str("PROMETHEUS_ADDR", ":9090", "where the metrics are served"),
 		Path:       r.str("PROMETHEUS_PATH", "/metrics", "their path"),
-		MapperYAML: r.str("PROMETHEUS_MAPPER_YAML", "", "accepted, not applied: the anchor's stat names are not served, so there is nothing to map"),
+		MapperYAML: r.str("PROMETHEUS_MAPPER_YAML", "", "a statsd_exporter mapping of the anchor's stat names to Prometheus names (empty: the anchor's default names); a file that does not load stops the start-up"),
 	}
-	p.NearLimitRatio = r.float("NEAR_LIMIT_RATIO", "0.8", "accepted: no near_limit series is served")
+	p.NearLimitRatio = r.float("NEAR_LIMIT_RATIO", "0.8", "a hit past this share of its limit also counts as near_limit")
+	if p.NearLimitRatio < 0 || p.NearLimitRatio > 1 {
+		r.errs.add("NEAR_LIMIT_RATIO", "%v is not between 0 and 1", p.NearLimitRatio)
+	}
+	r.boolean("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", false, "accepted: the anchor's response-time histogram is not served (extauthz_check_duration_seconds{door=\"rls\"} is)")
 	if prom {
 		e.Prometheus = p
 	}

@@ -29,6 +29,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/extauthz/extauthz/internal/anchorstats"
 	"github.com/extauthz/extauthz/internal/check"
 	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/connlimit"
@@ -73,6 +74,10 @@ type Options struct {
 	// Prometheus, when set, serves metrics on a listener of its own
 	// (envoyproxy/ratelimit's USE_PROMETHEUS, PROMETHEUS_ADDR).
 	Prometheus *PrometheusListener
+	// AnchorStats, when set, counts the rate limit service's decisions
+	// and descriptor loads in envoyproxy/ratelimit's stats too (served
+	// by the Prometheus listener's Gatherer).
+	AnchorStats *anchorstats.Stats
 }
 
 // PrometheusListener is a metrics listener apart from the admin one.
@@ -177,7 +182,11 @@ func New(cfg *config.Config, rc *rlsconfig.Config, o Options, log *slog.Logger) 
 	if err != nil {
 		return nil, err
 	}
-	s.rls, err = rls.New(s.running, rc, rls.WithLog(log), rls.WithMetrics(rls.NewMetrics(reg)))
+	rlsOpts := []rls.Option{rls.WithLog(log), rls.WithMetrics(rls.NewMetrics(reg))}
+	if o.AnchorStats != nil {
+		rlsOpts = append(rlsOpts, rls.WithAnchorStats(o.AnchorStats))
+	}
+	s.rls, err = rls.New(s.running, rc, rlsOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -432,6 +441,7 @@ func (s *Sidecar) UpdateRLS(why string, load func(cfg *config.Config) (*rlsconfi
 	if err == nil {
 		err = s.rls.Update(cfg, rc)
 	}
+	s.anchorLoad(err)
 	if err != nil {
 		s.reloads.WithLabelValues("failure").Inc()
 		s.log.Error("descriptor update refused; keeping the running descriptors", "trigger", why, "error", err.Error())
@@ -444,6 +454,14 @@ func (s *Sidecar) UpdateRLS(why string, load func(cfg *config.Config) (*rlsconfi
 	s.log.Info("descriptors updated", "trigger", why, "rls_domains", rlsDomains(rc))
 	s.updateHealth()
 	return nil
+}
+
+// anchorLoad counts a load of the descriptors in envoyproxy/ratelimit's
+// stats (config_load_success, config_load_error), when they are kept.
+func (s *Sidecar) anchorLoad(err error) {
+	if s.opts.AnchorStats != nil {
+		s.opts.AnchorStats.ConfigLoad(err == nil)
+	}
 }
 
 // addrs are the addresses Start listens on ("": that listener is off).
@@ -486,6 +504,7 @@ func (s *Sidecar) Reload(why string) error {
 			func() (func(), error) { return s.rls.Prepare(cfg, rc) },
 		)
 	}
+	s.anchorLoad(err)
 	if err != nil {
 		s.reloads.WithLabelValues("failure").Inc()
 		s.log.Error("reload failed; keeping the running configuration", "trigger", why, "error", err.Error())

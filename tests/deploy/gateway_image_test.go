@@ -58,30 +58,7 @@ func TestImageShipsRatelimit(t *testing.T) {
 	if !shipped {
 		t.Fatalf("Dockerfile: the final stage does not copy the binary built at %s to /bin/ratelimit, the command Envoy Gateway runs", gb.output)
 	}
-	bin := filepath.Join(t.TempDir(), "ratelimit")
-	data, err := os.ReadFile(extauthzBinary(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// The certificates are mounted at /certs in the pod; here, files of
-	// the test's own in their place (validate reads them).
-	certs := t.TempDir()
-	for _, f := range []string{"tls.crt", "tls.key", "ca.crt"} {
-		if err := os.WriteFile(filepath.Join(certs, f), []byte("placeholder"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	env = append(env, envoyGatewayEnv...)
-	env = append(env, "GRPC_SERVER_TLS_CERT="+filepath.Join(certs, "tls.crt"), "GRPC_SERVER_TLS_KEY="+filepath.Join(certs, "tls.key"),
-		"GRPC_SERVER_TLS_CA_CERT="+filepath.Join(certs, "ca.crt"))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "validate")
-	cmd.Env, cmd.Dir = env, t.TempDir()
-	out, err := cmd.CombinedOutput()
+	out, err := ratelimitValidate(t, env)
 	if err != nil {
 		t.Fatalf("ratelimit validate under Envoy Gateway's environment: %v\n%s", err, out)
 	}
@@ -95,4 +72,33 @@ func TestImageShipsRatelimit(t *testing.T) {
 			t.Errorf("validate did not say %q:\n%s", want, out)
 		}
 	}
+}
+
+// ratelimitValidate runs the binary as /bin/ratelimit validate with env
+// and then Envoy Gateway's default environment, its /certs files
+// replaced by files of the test's own (validate reads them).
+func ratelimitValidate(t *testing.T, env []string) ([]byte, error) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ratelimit")
+	data, err := os.ReadFile(extauthzBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	certs := t.TempDir()
+	for _, f := range []string{"tls.crt", "tls.key", "ca.crt"} {
+		if err := os.WriteFile(filepath.Join(certs, f), []byte("placeholder"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env = append(env, envoyGatewayEnv...)
+	env = append(env, "GRPC_SERVER_TLS_CERT="+filepath.Join(certs, "tls.crt"), "GRPC_SERVER_TLS_KEY="+filepath.Join(certs, "tls.key"),
+		"GRPC_SERVER_TLS_CA_CERT="+filepath.Join(certs, "ca.crt"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "validate")
+	cmd.Env, cmd.Dir = env, t.TempDir()
+	return cmd.CombinedOutput()
 }
