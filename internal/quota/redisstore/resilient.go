@@ -193,38 +193,69 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 // Redis may have counted in without this replica knowing how much:
 //
 //   - after a call that may have run while Redis answers (ran), the
-//     other replicas go on counting in Redis: the rest of the window is
-//     theirs, and this replica's share of it is empty (a decision denied
-//     that the exact count might have admitted: less admitted, never
-//     more);
+//     other replicas go on counting in Redis, and this replica no longer
+//     knows the window's count from the instant the call was sent;
 //   - when Redis went out of reach within the window, the window was
 //     counted in Redis until then, and may still be by replicas whose
-//     breakers have not opened: its share is what Redis last reported
-//     in this window, or, when that was in an earlier window, none;
+//     breakers have not opened;
+//
+// in both, the share starts from what Redis last reported in this window
+// and never holds more than the limit's part of the window left after the
+// instant the count became unknown (restOfWindow): what the policy's rate
+// admits from then on, as a token bucket's fallback refills from then on.
+// A key over the limit before that instant may so admit, in that one
+// window, up to that part again (a window whose last tenth is left: a
+// tenth of the limit), and a key below it is not denied for the rest of
+// the window for want of a count: a brand-new client of a generous limit
+// is admitted through an outage (tests/rls_test.go,
+// TestRLSRedisKilledUnderLoad), while a small limit's share of that part
+// rounds down to nothing (3 a second over three replicas: none). The
+// window's calls to Redis hold the fallbacks' admissions out of its room
+// if it comes back before the window ends (hold).
+//
 //   - when Redis has been out of this replica's reach since before the
 //     window began, the window is the fallback's as far as this replica
 //     can tell (an outage takes Redis from every replica alike) and it
-//     has its full share, which the window's calls to Redis hold out of
-//     its room if it comes back before the window ends (hold). A fault
-//     on this replica's link alone leaves the others counting in Redis:
-//     then this share is admitted on top of the window, once per
-//     window of the fault.
+//     has its full share. A fault on this replica's link alone leaves the
+//     others counting in Redis: then this share is admitted on top of the
+//     window, once per window of the fault.
 func (r *Resilient) windowLevel(l quota.Limit, level *local.Level, ran bool, now time.Time) *local.Level {
-	empty := &local.Level{At: now}
-	if ran {
-		return empty
-	}
 	start := windowStartMicros(l, now)
-	if level != nil && windowStartMicros(l, level.At) == start {
-		return level // Redis's own count of this window
+	known := level
+	if known != nil && windowStartMicros(l, known.At) != start {
+		known = nil // an older window's count
+	}
+	if ran {
+		return restOfWindow(l, known, now, now)
+	}
+	if known != nil {
+		return known // Redis's own count of this window
 	}
 	if r.downSince == nil {
 		return level // a Breaker that cannot tell (tests'): a full share
 	}
-	if since := r.downSince(); !since.IsZero() && since.UnixMicro() < start {
-		return level // an older window's count: a full share
+	since := r.downSince()
+	if !since.IsZero() && since.UnixMicro() < start {
+		return level // out of reach since before the window: a full share
 	}
-	return empty
+	if since.IsZero() || since.After(now) {
+		since = now
+	}
+	return restOfWindow(l, nil, since, now)
+}
+
+// restOfWindow is the level of l's window holding now whose count this
+// replica has not known since lost: the limit's part of the window left
+// after lost, and no more than known (Redis's last report in the window),
+// at now.
+func restOfWindow(l quota.Limit, known *local.Level, lost, now time.Time) *local.Level {
+	w := max(int64(l.Window/time.Microsecond), 1)
+	left := min(max(windowStartMicros(l, now)+w-lost.UnixMicro(), 0), w)
+	rest := int64(float64(l.Limit) * float64(left) / float64(w)) // no overflow for a day's window of a large limit
+	if known != nil {
+		rest = min(rest, known.Remaining)
+	}
+	return &local.Level{Remaining: rest, At: now}
 }
 
 // hold is what a call to Redis for key's window (fixed or sliding) under
