@@ -474,3 +474,33 @@ func TestTimedOutCallFallsBackAtOnce(t *testing.T) {
 		t.Fatal("the decision waited for the breaker's verdict after a call that took 1.5s of a 2s deadline; want the fallback at once")
 	}
 }
+
+// A window whose count Redis holds unseen from an instant on (a call that
+// may have run, Redis out of reach within the window) starts from the
+// limit's part of the window left after that instant, never above Redis's
+// last report in the window: a million a second a quarter into its second
+// leaves 750,000; three a second leaves 2, of which three replicas' shares
+// are none; a report of 10 left caps it.
+func TestRestOfWindow(t *testing.T) {
+	l := quota.Limit{Algorithm: quota.FixedWindow, Limit: 1_000_000, Window: time.Second, OnError: quota.ErrorFallback}
+	now := time.Unix(1_800_000_000, 0).Add(600 * time.Millisecond)
+	lost := now.Add(-350 * time.Millisecond) // 250ms into the second
+	if got := restOfWindow(l, nil, lost, now).Remaining; got != 750_000 {
+		t.Errorf("a million a second, lost 250ms in: %d left, want 750000", got)
+	}
+	small := l
+	small.Limit = 3
+	if got := restOfWindow(small, nil, lost, now).Remaining; got != 2 {
+		t.Errorf("three a second, lost 250ms in: %d left, want 2", got)
+	}
+	if got := restOfWindow(l, &local.Level{Remaining: 10, At: now}, lost, now).Remaining; got != 10 {
+		t.Errorf("with Redis's report of 10 left: %d, want 10", got)
+	}
+	if got := restOfWindow(l, nil, now.Add(-2*time.Second), now).Remaining; got != 1_000_000 {
+		t.Errorf("lost before the window: %d, want the whole limit", got)
+	}
+	day := quota.Limit{Algorithm: quota.FixedWindow, Limit: 4_000_000_000, Window: 24 * time.Hour}
+	if got := restOfWindow(day, nil, time.Unix(0, 0).Add(6*time.Hour), time.Unix(0, 0).Add(6*time.Hour)).Remaining; got != 3_000_000_000 {
+		t.Errorf("four billion a day, lost 6h in: %d left, want 3e9 (no overflow)", got)
+	}
+}
