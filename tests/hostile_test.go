@@ -54,11 +54,23 @@ const warmRequests = 50_000
 // bounds growth of resident memory, which also holds freed heap the
 // runtime keeps (measured: +0.4 to +1.6 MiB for unknown keys, +1.6 to
 // +4.8 MiB for IPs). rssCeiling bounds the whole process with 10,000
-// tracked keys (measured: 34.4-35.1 MiB).
+// tracked keys: it catches state that the growth bounds cannot, taken
+// before the baseline (a second table filled in the warm-up). Measured on
+// the 2-core machine alone, 2026-12-04, at 17,500-24,800 Checks/s: 53.6
+// to 55.7 MiB after the warm-up and 57.6 to 65.7 MiB after the run, with
+// 6 MiB of live heap (GOGC 400, internal/gctune, lets the heap reach five
+// times its live data between collections, and the runtime returns freed
+// pages lazily); 34.4-35.1 MiB was read at a third of that rate on a
+// loaded machine, and the 64 MiB ceiling set then failed in a quiet
+// make test at 65.6. The ceiling is the highest reading plus rssSlack, the
+// growth a run may show, rounded to 80 MiB: a coarse guard against a
+// process far larger than its cache (whose 10,000 keys hold about 11 MiB,
+// 1,131 bytes resident a key, docs/benchmarks.md); the growth bounds
+// above are the claim.
 const (
 	heapSlack  = 2 << 20
 	rssSlack   = 16 << 20
-	rssCeiling = 64 << 20
+	rssCeiling = 80 << 20
 )
 
 // startVolumeSidecar runs the race-free binary with pprof on, so that
