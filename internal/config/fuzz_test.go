@@ -154,7 +154,7 @@ func render(t *testing.T, c *Config) []byte {
 	doc := map[string]any{
 		"listen":          listen,
 		"default_mode":    string(c.DefaultMode),
-		"local":           map[string]any{"max_keys": c.Local.MaxKeys, "slice_idle": c.Local.SliceIdle.String(), "max_log_bytes": strconv.FormatInt(c.Local.MaxLogBytes, 10)},
+		"local":           map[string]any{"max_keys": c.Local.MaxKeys, "slice_idle": c.Local.SliceIdle.String(), "lease_ttl": c.Local.LeaseTTL.String(), "max_log_bytes": strconv.FormatInt(c.Local.MaxLogBytes, 10)},
 		"ip_trusted_hops": c.IPTrustedHops,
 		"ipv4_prefix":     c.IPv4Prefix,
 		"ipv6_prefix":     c.IPv6Prefix,
@@ -170,10 +170,14 @@ func render(t *testing.T, c *Config) []byte {
 				"server_name": ct.ServerName, "insecure_skip_verify": ct.InsecureSkipVerify,
 			}
 		}
-		doc["redis"] = map[string]any{
+		redis := map[string]any{
 			"addrs": r.Addrs, "username": r.Username, "password_env": r.PasswordEnv, "tls": tls,
 			"timeout": r.Timeout.String(), "key_prefix": r.KeyPrefix,
 		}
+		if r.WaitReplicas > 0 {
+			redis["wait_replicas"], redis["wait_timeout"] = r.WaitReplicas, r.WaitTimeout.String()
+		}
+		doc["redis"] = redis
 	}
 	keys := []any{}
 	for _, k := range c.Clients.Keys {
