@@ -248,6 +248,7 @@ func besideAnchor(t *testing.T, expected []string, env ...string) {
 		anchor: startAnchorXDS(t, certs, x.addr, testredis.Start(t).Addr, env...),
 	}
 	s.awaitVersion("1")
+	began := time.Now()
 	const dom = "default/eg/http"
 	shared := gwDescriptor("default/shared-policy/0", "default/shared-policy/0", "rule-0-match--1", "rule-0-match--1")
 	one := func(name string, d *ratelimitv3.RateLimitDescriptor, n int) scriptStep {
@@ -312,8 +313,16 @@ func besideAnchor(t *testing.T, expected []string, env ...string) {
 		}
 		n += len(ds)
 	}
+	// A run that straddled the hour reset both sides' hour counts alike
+	// between two steps and may miss a documented difference: said, not
+	// failed (undocumented differences still fail).
+	straddled := began.Truncate(time.Hour) != time.Now().Truncate(time.Hour)
 	for _, why := range expected {
 		if len(s.documented[why]) == 0 {
+			if straddled {
+				t.Logf("documented difference %q did not show in a run that straddled the hour", why)
+				continue
+			}
 			t.Errorf("documented difference %q: the answers did not differ", why)
 		}
 	}
