@@ -106,39 +106,43 @@ func startAnchor(t *testing.T, redisAddr string) []string {
 	must(t, os.WriteFile(filepath.Join(appDir, "faults.yaml"), []byte(anchorDomain), 0o600))
 	var addrs []string
 	for range 3 {
-		ports := make([]int, 3)
-		for i := range ports {
-			p, err := testredis.FreePort()
-			if err != nil {
-				t.Fatal(err)
-			}
-			ports[i] = p
-		}
-		cmd := exec.Command(bin)
 		// Statistics counted in process (USE_STATSD=false), no
 		// pipelining window, its pool of 10 connections: its defaults.
-		cmd.Env = append(os.Environ(),
-			"USE_STATSD=false", "LOG_LEVEL=warn",
-			"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr,
-			"RUNTIME_ROOT="+filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false", "RUNTIME_IGNOREDOTFILES=true",
-			"HOST=127.0.0.1", "PORT="+strconv.Itoa(ports[0]),
-			"GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(ports[1]),
-			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(ports[2]))
-		logs := &testredis.LogBuffer{}
-		cmd.Stdout, cmd.Stderr = logs, logs
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		must(t, cmd.Start())
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		t.Cleanup(func() {
-			cmd.Process.Kill()
-			<-done
-		})
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
-		awaitHealthy(t, addr, done, logs)
-		addrs = append(addrs, addr)
+		addrs = append(addrs, runAnchor(t, bin, "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr,
+			"RUNTIME_ROOT="+filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false", "RUNTIME_IGNOREDOTFILES=true"))
 	}
 	return addrs
+}
+
+// runAnchor starts the anchor's binary bin on loopback ports of its own
+// (HTTP, gRPC, debug), statistics in process and warnings only, with env
+// on top; killed at the test's end. It returns the gRPC address once the
+// health check answers SERVING.
+func runAnchor(t *testing.T, bin string, env ...string) string {
+	t.Helper()
+	ports := make([]string, 3)
+	for i := range ports {
+		p, err := testredis.FreePort()
+		must(t, err)
+		ports[i] = strconv.Itoa(p)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "USE_STATSD=false", "LOG_LEVEL=warn",
+		"HOST=127.0.0.1", "PORT="+ports[0], "GRPC_HOST=127.0.0.1", "GRPC_PORT="+ports[1], "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+ports[2])
+	cmd.Env = append(cmd.Env, env...)
+	logs := &testredis.LogBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	must(t, cmd.Start())
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-done
+	})
+	addr := net.JoinHostPort("127.0.0.1", ports[1])
+	awaitHealthy(t, addr, done, logs)
+	return addr
 }
 
 // buildAnchor builds envoyproxy/ratelimit at the version tools/bench/go.mod

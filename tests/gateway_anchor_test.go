@@ -2,13 +2,9 @@ package tests
 
 import (
 	"context"
-	"net"
-	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,36 +28,14 @@ import (
 // extauthz). It returns a client of its rate limit service.
 func startAnchorXDS(t *testing.T, certs testcerts.Files, xdsAddr, redisAddr string, env ...string) rlsv3.RateLimitServiceClient {
 	t.Helper()
-	bin := buildAnchor(t, t.TempDir())
-	ports := make([]string, 3)
-	for i := range ports {
-		p, err := testredis.FreePort()
-		must(t, err)
-		ports[i] = strconv.Itoa(p)
-	}
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(),
-		"USE_STATSD=false", "LOG_LEVEL=warn",
-		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr,
-		"HOST=127.0.0.1", "PORT="+ports[0], "GRPC_HOST=127.0.0.1", "GRPC_PORT="+ports[1], "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+ports[2],
-		"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+xdsAddr, "CONFIG_GRPC_XDS_NODE_ID="+gatewayNode,
-		"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT="+certs.ClientCert,
-		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY="+certs.ClientKey, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT="+certs.CA,
+	addr := runAnchor(t, buildAnchor(t, t.TempDir()), append([]string{
+		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redisAddr,
+		"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL=" + xdsAddr, "CONFIG_GRPC_XDS_NODE_ID=" + gatewayNode,
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT=" + certs.ClientCert,
+		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY=" + certs.ClientKey, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + certs.CA,
 		// As xdsEnv shortens extauthz's: reconnecting is not measured here.
-		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL=100ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL=200ms")
-	cmd.Env = append(cmd.Env, env...)
-	logs := &testredis.LogBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	must(t, cmd.Start())
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-done
-	})
-	addr := net.JoinHostPort("127.0.0.1", ports[1])
-	awaitHealthy(t, addr, done, logs)
+		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL=100ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL=200ms",
+	}, env...)...)
 	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	must(t, err)
 	t.Cleanup(func() { conn.Close() })

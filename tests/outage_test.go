@@ -688,6 +688,11 @@ func TestRedisCallKeepsInsideTheCallersDeadline(t *testing.T) {
 		deadline time.Duration // the Check's
 	}{
 		{"defaults", "", defaultRedisTimeout, 160 * time.Millisecond},
+		// Knob: redis.timeout 1s, so that the Check's deadline (500ms)
+		// is shorter than the call timeout, which the defaults' 150ms
+		// cannot show without a deadline under a loaded machine's
+		// scheduling delay; the claim's twin at the defaults is the row
+		// above.
 		{"scaled", "timeout: 1s, ", time.Second, 500 * time.Millisecond},
 	} {
 		t.Run(c.name, func(t *testing.T) { testCallInsideDeadline(t, c.redis, c.timeout, c.deadline) })
