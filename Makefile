@@ -130,10 +130,11 @@ bench-compare: redis-server
 # prints the table. `make test` runs the short faults only. Also every
 # Sentinel failover that loses writes (redis mode beside hybrid, and beside
 # hybrid with redis.wait_replicas) and what WAIT costs (docs/reliability.md,
-# "A failover that loses writes"). Minutes.
+# "A failover that loses writes"), and Redis evicting keys under maxmemory
+# (docs/reliability.md, "When Redis forgets"). Minutes.
 .PHONY: test-faults
 test-faults: redis-server
-	$(GO) test -v -count=1 -timeout 30m -run 'TestNetworkFaults|TestWindowUnderNetworkFaults|TestAnchorUnderNetworkFaults|TestNetworkFaultsOnOneClusterMaster|TestSentinelFailoverLosesWrites|TestWaitAtLostFailover|TestWaitCostHealthyReplication' ./tests/ -args -faults.full
+	$(GO) test -v -count=1 -timeout 30m -run 'TestNetworkFaults|TestWindowUnderNetworkFaults|TestForgetFlushWhileLeasesAreHeld|TestAnchorUnderNetworkFaults|TestNetworkFaultsOnOneClusterMaster|TestSentinelFailoverLosesWrites|TestWaitAtLostFailover|TestWaitCostHealthyReplication' ./tests/ -args -faults.full
 
 # Fleets of 10, 100 and 1,000 simulated sidecars against a standalone Redis
 # and a three-master Cluster, in redis and hybrid mode: Redis commands, CPU,

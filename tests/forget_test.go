@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -227,6 +228,28 @@ func TestForgetRestartAfterOutage(t *testing.T) {
 	assertOracle(t, run, 90+int(elapsed/(time.Minute/90)), 1)
 }
 
+// evictAll evicts every key policy may evict from a server: with
+// maxmemory at a byte, one write makes Redis evict all it can and then
+// refuse the write (OOM); maxmemory is lifted again at once.
+func evictAll(t *testing.T, policy string) func(*testredis.Server) {
+	return func(s *testredis.Server) {
+		ctx := context.Background()
+		c := s.Client()
+		for _, kv := range [][2]string{{"maxmemory-policy", policy}, {"maxmemory", "1"}} {
+			if err := c.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+				t.Errorf("CONFIG SET %s %s: %v", kv[0], kv[1], err)
+			}
+		}
+		err := c.Set(ctx, "evict-me", "x", 0).Err()
+		if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+			t.Errorf("CONFIG SET maxmemory 0: %v", err)
+		}
+		if err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+			t.Errorf("a write at maxmemory 1: %v; want OOM after evicting what %s may", err, policy)
+		}
+	}
+}
+
 // confirmed waits until a heartbeat after what the hybrid replicas spent
 // so far has confirmed the state it was spent in: each replica reads the
 // epoch right after its heartbeat (op peers), so once two more heartbeats
@@ -351,6 +374,15 @@ func TestForgetFlushWhileLeasesAreHeld(t *testing.T) {
 		{"FLUSHDB", func(s *testredis.Server) { s.Client().FlushDB(context.Background()) }, false},
 		// What an eviction does to one key (tests/quota's
 		// TestHybridEvictedKeyIsChargedPerKey evicts one under maxmemory).
+		// A real eviction of every key with a time to live (the buckets
+		// and the heartbeats', not the epoch key: each key learns it at
+		// its next call), and of every key (the epoch key too: the whole
+		// store, learnt at the next heartbeat): maxmemory far below what
+		// Redis holds makes one write evict all it may, then refuse the
+		// write. make test runs the deleted key below; these run under
+		// -faults.full (make test-faults).
+		{"evicted under maxmemory volatile-lru", evictAll(t, "volatile-lru"), false},
+		{"evicted under maxmemory allkeys-lru", evictAll(t, "allkeys-lru"), false},
 		{"one key lost", func(s *testredis.Server) {
 			ctx := context.Background()
 			c := s.Client()
@@ -362,6 +394,9 @@ func TestForgetFlushWhileLeasesAreHeld(t *testing.T) {
 		}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if strings.HasPrefix(c.name, "evicted") && !*faultsFull {
+				t.Skip("an eviction runs with -faults.full (make test-faults); make test deletes one key as an eviction does")
+			}
 			f := startSideBySide(t, flushPolicy)
 			// One request per key and replica (request i goes to replica
 			// i%3 and key i%10: 30 requests make every pair once): each
