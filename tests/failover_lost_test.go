@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
 
@@ -132,7 +134,44 @@ func runLostPair(t *testing.T, c lostScenario, first, second func(*testredis.Sen
 	}
 	waitPeers(t, f.hybrid, 3)
 	waitPeers(t, f.redis, 3)
-	return runLostFailover(t, f, gh, gr, c.lost, c.quiet)
+	return runLostFailover(t, f, sentinelLost{t, gh}, sentinelLost{t, gr}, c.lost, c.quiet)
+}
+
+// lostGroup is the replicated Redis of one fleet in a lost-writes
+// failover: a Sentinel group, or one master of a Cluster.
+type lostGroup interface {
+	// cut makes the replica to be promoted miss every write from now on.
+	cut() testredis.Replicated
+	// kill kills the master, its writes paused and counted first.
+	kill() testredis.Replicated
+	// promoted waits up to d until the replica cut off serves as the
+	// master, and returns its client and when every observer (the
+	// sentinels, or the other masters) named it.
+	promoted(d time.Duration) (*redis.Client, time.Time)
+	// oneNode: every sidecar's breaker opens for the master and closes
+	// when its successor answers (a Sentinel group: one master address
+	// at a time); else (a Cluster) the dead master's breaker never
+	// closes, and decisions are Redis-backed again when no degraded
+	// counter moves any more.
+	oneNode() bool
+}
+
+// sentinelLost is a Sentinel group's master and its first replica.
+type sentinelLost struct {
+	t *testing.T
+	g *testredis.Sentinels
+}
+
+func (s sentinelLost) cut() testredis.Replicated  { return s.g.CutReplication(s.g.Replicas[0]) }
+func (s sentinelLost) kill() testredis.Replicated { return s.g.KillMasterCounted() }
+func (s sentinelLost) oneNode() bool              { return true }
+func (s sentinelLost) promoted(d time.Duration) (*redis.Client, time.Time) {
+	g := s.g
+	promoted, _, all := g.WaitPromoted(g.Master, d)
+	if promoted != g.Replicas[0] {
+		s.t.Fatalf("the sentinels promoted %s, not the replica cut off", promoted.Addr)
+	}
+	return g.Client(promoted.Addr), all
 }
 
 // What WAIT buys at a failover that loses writes, measured with the
@@ -175,7 +214,7 @@ type lostRun struct {
 	left           time.Duration // of the run after the last breaker closed
 }
 
-func runLostFailover(t *testing.T, f *sideBySide, gh, gr *testredis.Sentinels, lostPhase func(*sideBySide) tallies, quiet bool) lostRun {
+func runLostFailover(t *testing.T, f *sideBySide, gh, gr lostGroup, lostPhase func(*sideBySide) tallies, quiet bool) lostRun {
 	t.Helper()
 	begin := time.Now()
 	warm := f.drive(flushKeys*3, 8, 0, flushRequest)
@@ -191,30 +230,50 @@ func runLostFailover(t *testing.T, f *sideBySide, gh, gr *testredis.Sentinels, l
 		return calls, tokens
 	}
 
-	cutH, cutR := gh.CutReplication(gh.Replicas[0]), gr.CutReplication(gr.Replicas[0])
+	cutH, cutR := gh.cut(), gr.cut()
 	c0, k0 := leaseCalls()
 	lost := lostPhase(f)
-	killH, killR := gh.KillMasterCounted(), gr.KillMasterCounted()
+	killH, killR := gh.kill(), gr.kill()
 	killed := time.Now()
 	c1, k1 := leaseCalls()
 
+	// The degraded counters, sampled from the kill until the load stops:
+	// the last instant one moved is when decisions were Redis-backed
+	// again (for a Cluster, whose dead master's breakers never close).
+	everyone := append(append([]*sidecar{}, f.hybrid...), f.redis...)
+	sampled := make(chan time.Time, 1)
+	stopSampling := make(chan struct{})
+	go func() {
+		var last time.Time
+		prev := degraded(everyone)
+		tk := time.NewTicker(20 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stopSampling:
+				sampled <- last
+				return
+			case now := <-tk.C:
+				if d := degraded(everyone); d != prev {
+					prev, last = d, now
+				}
+			}
+		}
+	}()
 	done := make(chan tallies, 1)
 	drive := func() { done <- f.drive(0, 16, lostAfter, flushRequest) }
 	if !quiet {
 		go drive()
 	}
-	for i, g := range []*testredis.Sentinels{gh, gr} {
-		promoted, _, all := g.WaitPromoted(g.Master, lostAfter)
-		if promoted != g.Replicas[0] {
-			t.Fatalf("the sentinels promoted %s, not the replica cut off", promoted.Addr)
-		}
+	for i, g := range []lostGroup{gh, gr} {
+		promoted, all := g.promoted(lostAfter)
 		// second_repl_offset is the new master's offset at promotion, plus
 		// one: the replica held the stream up to the cut, and no more.
 		cut := []testredis.Replicated{cutH, cutR}[i]
-		if got := replInfo(t, g.Client(promoted.Addr), "second_repl_offset") - 1; int64(got) != cut.Offset {
+		if got := replInfo(t, promoted, "second_repl_offset") - 1; int64(got) != cut.Offset {
 			t.Fatalf("the promoted replica's offset was %.0f at promotion; the master's at the cut %d", got, cut.Offset)
 		}
-		t.Logf("%s: every sentinel named %s %v after the kill", []string{"hybrid", "redis"}[i], promoted.Addr, all.Sub(killed).Round(time.Millisecond))
+		t.Logf("%s: the replica cut off (%s) was named master %v after the kill", []string{"hybrid", "redis"}[i], promoted.Options().Addr, all.Sub(killed).Round(time.Millisecond))
 	}
 	if quiet {
 		for _, s := range append(append([]*sidecar{}, f.hybrid...), f.redis...) {
@@ -224,6 +283,8 @@ func runLostFailover(t *testing.T, f *sideBySide, gh, gr *testredis.Sentinels, l
 	}
 	after := <-done
 	end := time.Now()
+	close(stopSampling)
+	lastDegraded := <-sampled
 
 	r := lostRun{elapsed: end.Sub(begin)}
 	for _, p := range []tallies{warm, lost, after} {
@@ -243,7 +304,16 @@ func runLostFailover(t *testing.T, f *sideBySide, gh, gr *testredis.Sentinels, l
 		r.unreplicated += s.metric("extauthz_hybrid_leases_unreplicated_total")
 	}
 	var lastUp time.Time
-	for _, b := range sentinelBreakers(t, append(append([]*sidecar{}, f.hybrid...), f.redis...)) {
+	if !gh.oneNode() {
+		lastUp = killed
+		if lastDegraded.After(killed) {
+			lastUp = lastDegraded
+		}
+	}
+	for _, b := range sentinelBreakers(t, everyone) {
+		if !gh.oneNode() {
+			break
+		}
 		if b.closed == 0 {
 			t.Errorf("replica %s: the breaker opened %d times and never closed", b.replica, b.opened)
 		}

@@ -301,10 +301,14 @@ type Replicated struct {
 // partitioned from its master (Sentinel skips a replica whose link has
 // been down longer than ten times down-after-milliseconds, 10s here).
 func (g *Sentinels) CutReplication(r *Server) Replicated {
-	t := g.t
+	g.t.Helper()
+	return cutReplication(g.t, g.Client(g.Master.Addr), g.Client(r.Addr), r.Addr)
+}
+
+// cutReplication is CutReplication for master m and replica rc (at addr).
+func cutReplication(t testing.TB, m, rc *redis.Client, addr string) Replicated {
 	t.Helper()
 	ctx := context.Background()
-	m, rc := g.Client(g.Master.Addr), g.Client(r.Addr)
 	if err := m.Do(ctx, "CLIENT", "PAUSE", "5000", "WRITE").Err(); err != nil {
 		t.Fatalf("CLIENT PAUSE on the master: %v", err)
 	}
@@ -313,7 +317,7 @@ func (g *Sentinels) CutReplication(r *Server) Replicated {
 	deadline := time.Now().Add(3 * time.Second)
 	for infoInt(t, rc, "replication", "slave_repl_offset") < at.Offset {
 		if time.Now().After(deadline) {
-			t.Fatalf("replica %s did not reach the master's offset %d within 3s", r.Addr, at.Offset)
+			t.Fatalf("replica %s did not reach the master's offset %d within 3s", addr, at.Offset)
 		}
 		time.Sleep(time.Millisecond) // polling the replica's offset while writes are paused
 	}
@@ -326,7 +330,7 @@ func (g *Sentinels) CutReplication(r *Server) Replicated {
 	}
 	for !strings.Contains(rc.Info(ctx, "replication").Val(), "master_link_status:down") {
 		if time.Now().After(deadline) {
-			t.Fatalf("replica %s still linked to its master after CLIENT KILL", r.Addr)
+			t.Fatalf("replica %s still linked to its master after CLIENT KILL", addr)
 		}
 		time.Sleep(time.Millisecond) // polling the replica's link
 	}
@@ -337,15 +341,20 @@ func (g *Sentinels) CutReplication(r *Server) Replicated {
 // first, and returns what it had run by then: no script runs between the
 // count and the kill.
 func (g *Sentinels) KillMasterCounted() Replicated {
-	t := g.t
+	g.t.Helper()
+	return killCounted(g.t, g.Client(g.Master.Addr), g.Master)
+}
+
+// killCounted kills server s, whose client is m, with its writes paused
+// first, and returns what it had run by then.
+func killCounted(t testing.TB, m *redis.Client, s *Server) Replicated {
 	t.Helper()
 	ctx := context.Background()
-	m := g.Client(g.Master.Addr)
 	if err := m.Do(ctx, "CLIENT", "PAUSE", "10000", "WRITE").Err(); err != nil {
 		t.Fatalf("CLIENT PAUSE on the master: %v", err)
 	}
 	at := Replicated{Offset: infoInt(t, m, "replication", "master_repl_offset"), Scripts: scriptCalls(ctx, m)}
-	g.Master.Kill()
+	s.Kill()
 	return at
 }
 

@@ -441,6 +441,33 @@ func (c *Cluster) WaitPromoted(t testing.TB, killed, from *Server, d time.Durati
 	}
 }
 
+// CutReplication makes master i's first replica miss every write the
+// master runs from now on (Sentinels.CutReplication). A Cluster replica
+// whose link has been down for less than cluster-replica-validity-factor
+// (10) node timeouts may still be promoted.
+func (c *Cluster) CutReplication(t testing.TB, i int) Replicated {
+	t.Helper()
+	m, r := c.Masters[i], c.ReplicaOf(t, i)
+	return cutReplication(t, m.admin(), r.admin(), r.Addr)
+}
+
+// KillMasterCounted kills master i with its writes paused first, and
+// returns what it had run by then (Sentinels.KillMasterCounted).
+func (c *Cluster) KillMasterCounted(t testing.TB, i int) Replicated {
+	t.Helper()
+	return killCounted(t, c.Masters[i].admin(), c.Masters[i])
+}
+
+// ReplicaOf returns master i's first replica.
+func (c *Cluster) ReplicaOf(t testing.TB, i int) *Server {
+	t.Helper()
+	per := len(c.Replicas) / len(c.Masters)
+	if per == 0 {
+		t.Fatalf("the cluster has no replicas")
+	}
+	return c.Replicas[i*per]
+}
+
 // Reshard moves n slots from master src to master dst with `redis-cli
 // --cluster reshard`, keys and all, the way an operator does, and returns
 // what redis-cli printed.
