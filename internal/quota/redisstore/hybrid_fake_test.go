@@ -75,7 +75,11 @@ func (f *fakeRedis) lease(ctx context.Context, _ string, _ quota.Limit, a leaseA
 	f.mu.Unlock()
 	if gate != nil {
 		f.entered <- struct{}{}
-		<-gate
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return bucketGrant{}, ctx.Err()
+		}
 	}
 	if fail != nil {
 		return bucketGrant{}, fail
@@ -286,6 +290,53 @@ func TestFakeConcurrentWaitersShareOneFlight(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.LeaseWaits); got != waiters {
 		t.Fatalf("%v lease waits, want %d", got, waiters)
+	}
+}
+
+// A request waiting for another's renewal whose caller went away (its
+// context canceled, not the waiter's) leases for itself rather than fail
+// for a reason not its own.
+func TestFakeWaiterLeasesWhenTheRenewingCallerLeaves(t *testing.T) {
+	f := newFakeRedis(100)
+	f.gate, f.entered = make(chan struct{}), make(chan struct{}, 8)
+	h, _, _ := newFakeHybrid(t, f)
+	type result struct {
+		d   quota.Decision
+		err error
+	}
+	leaderCtx, leave := context.WithCancel(context.Background())
+	leader, waiter := make(chan result, 1), make(chan result, 1)
+	go func() {
+		d, err := h.Take(leaderCtx, "k", fakeBucket, 1, t0)
+		leader <- result{d, err}
+	}()
+	<-f.entered // the leader's renewal is in flight
+	go func() {
+		d, err := h.Take(context.Background(), "k", fakeBucket, 1, t0)
+		waiter <- result{d, err}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for waiting := int64(0); waiting != 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("the second request never waited for the flight")
+		}
+		runtime.Gosched()
+		sh := h.table.Lock("k")
+		if e, ok := sh.Peek("k"); ok {
+			waiting = e.waiting
+		}
+		sh.Unlock()
+	}
+	leave()
+	if r := <-leader; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("the leader, its caller gone: %+v, %v; want context.Canceled", r.d, r.err)
+	}
+	close(f.gate)
+	if r := <-waiter; r.err != nil || !r.d.Allowed {
+		t.Fatalf("the waiter: %+v, %v; want allowed from a lease of its own", r.d, r.err)
+	}
+	if calls := f.calls(); len(calls) != 2 {
+		t.Fatalf("%d lease calls, want 2: the leader's, canceled, and the waiter's own", len(calls))
 	}
 }
 
