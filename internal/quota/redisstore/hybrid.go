@@ -268,7 +268,9 @@ func leases(l quota.Limit) bool {
 
 // Take implements Limiter: a charge: always limit is decided as redis
 // mode decides it (budget), a limit hybrid mode does not lease by its
-// exact script, and every other from the key's lease (takeLeased).
+// exact script, and every other from the key's lease: spent locally
+// when the slice held has the request's tokens (spendLocked, written out
+// here: the hot path, no I/O), and otherwise from Redis (takeMissLocked).
 func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
 	if l.Overdraft {
 		return h.budget(ctx, key, l, n, now)
@@ -280,10 +282,20 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		}
 		return d, err
 	}
-	return h.takeLeased(ctx, key, l, n, now)
+	need, ns := max(n, 1), now.UnixNano() // a question (n = 0) needs one token in the slice, and spends none
+	sh := h.table.Lock(key)
+	e := stateLocked(sh, key)
+	e.count += n
+	e.lastUsed = ns
+	if !h.endLeaseLocked(key, e, l, now) && e.lease.spend(n, need) {
+		d := h.allowLocked(e, l, ns)
+		sh.Unlock()
+		return d, nil
+	}
+	return h.takeMissLocked(ctx, sh, e, &request{key: key, l: l, n: n, need: need, now: now, ns: ns})
 }
 
-// request is one take of a leased key, as takeLeased's steps see it.
+// request is one take of a leased key, as takeMissLocked's steps see it.
 type request struct {
 	key  string
 	l    quota.Limit
@@ -293,24 +305,19 @@ type request struct {
 	ns   int64 // now in unix ns
 }
 
-// takeLeased decides a take of a key hybrid mode leases, by three steps
-// under the key's shard lock, taken over again until one decides: spend
-// from the slice held, or answer from a denial cached (spendLocked), with
-// no I/O; wait for the renewal another request of the key has in flight
-// (awaitFlightLocked); renew: retire the lease and lease this request's
-// tokens and the next slice in one Redis call (renewLocked). Each step is
-// called with the key's shard locked and returns with it locked: a step
-// that unlocks it for a wait or a call locks it again by the key, which
-// names the same shard.
-func (h *Hybrid) takeLeased(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
-	r := &request{key: key, l: l, n: n, need: max(n, 1), now: now, ns: now.UnixNano()}
-	sh := h.table.Lock(key)
-	e := stateLocked(sh, key)
-	e.count += n
-	e.lastUsed = r.ns
-	asked := false // this request has had Redis's answer
+// takeMissLocked decides r when the slice e holds lacks its tokens (or
+// was taken under another capacity), with the key's shard sh locked, and
+// unlocks it. It goes round until a step decides: answer from a denial
+// cached (deniedLocked); else wait for the renewal another request of the
+// key has in flight (awaitFlightLocked) or renew (renewLocked: retire the
+// lease and lease r's tokens and the next slice in one Redis call); then
+// spend locally from what came (spendLocked). Each step is called with
+// the shard locked and returns with it locked: a step that unlocks it for
+// a wait or a call locks it again by the key, which names the same shard.
+func (h *Hybrid) takeMissLocked(ctx context.Context, sh *localcache.Shard[*keyState], e *keyState, r *request) (quota.Decision, error) {
+	asked := false // r has had Redis's answer
 	for {
-		if d, ok := h.spendLocked(e, r, asked); ok {
+		if d, ok := h.deniedLocked(e, r, asked); ok {
 			sh.Unlock()
 			return d, nil
 		}
@@ -319,29 +326,37 @@ func (h *Hybrid) takeLeased(ctx context.Context, key string, l quota.Limit, n in
 				sh.Unlock()
 				return quota.Decision{}, err
 			}
-			e = stateLocked(sh, key) // the key may have left the table meanwhile
-			continue
+			e = stateLocked(sh, r.key) // the key may have left the table meanwhile
+		} else {
+			d, done, err := h.renewLocked(ctx, sh, e, r)
+			asked = true
+			if err != nil || done {
+				sh.Unlock()
+				return d, err
+			}
+			if e.evicted {
+				e = stateLocked(sh, r.key) // the grant went back with the entry: lease again
+			}
 		}
-		d, done, err := h.renewLocked(ctx, sh, e, r)
-		asked = true
-		if err != nil || done {
+		if d, ok := h.spendLocked(e, r); ok {
 			sh.Unlock()
-			return d, err
-		}
-		if e.evicted {
-			e = stateLocked(sh, key) // the grant went back with the entry: lease again
+			return d, nil
 		}
 	}
 }
 
-// spendLocked is the decision e makes for r alone, with no I/O, if it
-// can (ok): r's units spent from the slice held, or a denial cached.
-// Otherwise r needs Redis: its own renewal, or another request's.
-func (h *Hybrid) spendLocked(e *keyState, r *request, asked bool) (d quota.Decision, ok bool) {
-	resized := h.endLeaseLocked(r.key, e, r.l, r.now)
-	if !resized && e.lease.spend(r.n, r.need) {
+// spendLocked spends r's units from the slice e holds, with no I/O, when
+// it holds them and was taken under r's capacity, ending first what is
+// over (endLeaseLocked); it reports the decision if it did (ok).
+func (h *Hybrid) spendLocked(e *keyState, r *request) (d quota.Decision, ok bool) {
+	if !h.endLeaseLocked(r.key, e, r.l, r.now) && e.lease.spend(r.n, r.need) {
 		return h.allowLocked(e, r.l, r.ns), true
 	}
+	return quota.Decision{}, false
+}
+
+// deniedLocked is the denial e has cached for r, if any (ok).
+func (h *Hybrid) deniedLocked(e *keyState, r *request, asked bool) (d quota.Decision, ok bool) {
 	// A cached denial is checked against the clock again: a request
 	// whose now was read before its process stalled (a CPU-throttled
 	// container) must not be denied for a token that has come due

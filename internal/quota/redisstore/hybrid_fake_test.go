@@ -72,6 +72,9 @@ func (f *fakeRedis) lease(ctx context.Context, _ string, _ quota.Limit, a leaseA
 	f.mu.Lock()
 	f.asks = append(f.asks, a)
 	gate, fail := f.gate, f.fail
+	if len(f.asks) > 1000 {
+		fail = errRenewalLoop // no test makes so many: a take that renews and never spends
+	}
 	f.mu.Unlock()
 	if gate != nil {
 		f.entered <- struct{}{}
@@ -110,7 +113,10 @@ func (f *fakeRedis) giveBack(_ context.Context, _ string, n int64, h held) (retu
 	return then, nil
 }
 
-var errNotModelled = errors.New("fakeRedis: not modelled")
+var (
+	errNotModelled = errors.New("fakeRedis: not modelled")
+	errRenewalLoop = errors.New("fakeRedis: more than 1000 lease calls")
+)
 
 func (f *fakeRedis) leaseWindow(context.Context, string, quota.Limit, leaseAsk, windowHold) (windowLease, error) {
 	return windowLease{}, errNotModelled
