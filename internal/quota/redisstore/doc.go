@@ -17,8 +17,14 @@
 //     its reply in one place: leaseOf, decisionOf).
 //   - redis.go: redis mode (Redis), keeping the levels Redis reports in
 //     the Table for a fallback to start from.
-//   - hybrid.go, hybrid_level.go: hybrid mode (Hybrid), its leases kept
-//     in the Table's entries; its design note opens hybrid.go.
+//   - hybrid.go, hybrid_lease.go, hybrid_fit.go, hybrid_level.go: hybrid
+//     mode (Hybrid); its design note opens hybrid.go. A key's lease is a
+//     value kept in its Table entry with its own verbs (hybrid_lease.go:
+//     spend, expire, retire, give back); a take spends from it, waits
+//     for another request's renewal or renews (Hybrid.Take,
+//     takeMissLocked). Hybrid calls Redis through the leaser interface,
+//     which the Store implements and a fake replaces in hybrid's unit
+//     tests (hybrid_fake_test.go: no Redis, an injected clock).
 //   - resilient.go: Resilient, the fallback to on_redis_error, starting
 //     from the level the primary last recorded (LevelSource).
 //   - table.go: the bounded per-key Table both modes keep their state in.

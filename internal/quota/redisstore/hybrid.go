@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/extauthz/extauthz/internal/localcache"
 	"github.com/extauthz/extauthz/internal/quota"
 )
 
@@ -94,79 +95,28 @@ import (
 // (units spent before were counted in the state Redis lost, as redis
 // mode's were). Cached denials, made against the lost state, are dropped.
 
-// slice is a key's hybrid lease in its Table entry, guarded by the entry's
-// shard lock. The entry's level (remote, remoteAt) is what Redis held at
-// the last lease.
+// slice is a key's hybrid state in its Table entry, guarded by the
+// entry's shard lock: the lease it holds (hybrid_lease.go) and what the
+// key's decisions keep beside it. The entry's level (remote, remoteAt) is
+// what Redis held at the last lease.
 type slice struct {
-	tokens int64 // leased from Redis, not yet spent
-	// lapsed are the unspent units of a window lease that has ended: the
-	// window's count in Redis still holds them (a window lease does not
-	// expire there as a bucket's does) until the next lease call of the
-	// key gives them back, which lifts them off the window's weight on
-	// the next one.
-	lapsed      int64
-	granted     int64     // the lease's size, retired with it (0: no lease held)
-	leaseID     int64     // the lease's name in Redis: a bucket's expiry (ms), a window's start (µs)
-	until       time.Time // this replica spends the lease until then
-	window      time.Duration
-	capacity    int64           // of the limit leased under
-	algorithm   quota.Algorithm // of the lease held
-	deniedUntil int64           // unix ns until which the Redis count is known spent
-	fullAt      int64           // unix ns at which the Redis bucket is full, as of the last lease
-	lastUsed    int64           // unix ns of the last decision or refund
-	count       int64           // decisions since the last lease
-	rate        float64         // smoothed decisions per second on this replica
-	flight      *flight         // the lease in progress, if any
-	waiting     int64           // requests waiting for a lease of this key
-	holding     bool            // registered with Hybrid.holders
-	evicted     bool            // pushed out of the cache
-
-	// What settles a bucket lease Redis may have forgotten (see the design
-	// note): the key state it was granted under (k, g), and, once a
-	// heartbeat found Redis changed (stopped), its unspent tokens, never
-	// spent again (parked), and what to charge if Redis no longer holds
-	// it (owed: spent since the last heartbeat that found Redis unchanged).
-	k, g    int64
-	stopped bool
-	parked  int64
-	owed    int64
-	// The lease's unspent tokens when the key was first touched after
-	// heartbeat confirmSeq confirmed the state (or when it was granted).
-	atConfirm, confirmSeq int64
-	era                   int64 // Hybrid.era when the key was last touched: a new one drops the cached denial
+	lease               // the lease held
+	capacity    int64   // of the limit leased under (or of the denial cached)
+	deniedUntil int64   // unix ns until which the Redis count is known spent
+	fullAt      int64   // unix ns at which the Redis bucket is full, as of the last lease
+	lastUsed    int64   // unix ns of the last decision or refund
+	count       int64   // decisions since the last lease
+	rate        float64 // smoothed decisions per second on this replica
+	flight      *flight // the lease in progress, if any
+	waiting     int64   // requests waiting for a lease of this key
+	holding     bool    // registered with Hybrid.holders
+	evicted     bool    // pushed out of the cache
+	era         int64   // Hybrid.era when the key was last touched: a new one drops the cached denial
 }
 
-// retiringLocked is what retires e's lease: for a bucket's lease still
-// live at ns, with the key state it was granted under and what to charge
-// if Redis no longer holds it (everything spent of it, or, once stopped,
-// what was spent since the last confirmed heartbeat; the script takes the
-// latter when the epoch changed too: held.owedSince).
-func (h *Hybrid) retiringLocked(e *keyState, ns int64) held {
-	r := held{id: e.leaseID, granted: e.granted, unspent: e.tokens + e.lapsed}
-	if e.granted > 0 {
-		r.unspent += e.parked
-	}
-	if e.algorithm == quota.TokenBucket && e.granted > 0 && e.k > 0 && ns < e.until.UnixNano() {
-		r.k, r.g = e.k, e.g
-		r.owed = max(e.granted-e.tokens-e.parked, 0)
-		if e.confirmSeq == h.confirms.Load() { // touched since the last confirmation
-			r.owedSince = min(max(e.atConfirm-e.tokens, 0), r.owed)
-		}
-		if e.stopped {
-			r.owed, r.owedSince = e.owed, e.owed
-		}
-		if p := h.epoch.Load(); p != nil {
-			r.epoch = *p
-		}
-	}
-	return r
-}
-
-// dropLeaseLocked forgets e's lease on the replica (retired, or handed
-// to be).
-func (e *keyState) dropLeaseLocked() {
-	e.tokens, e.granted, e.leaseID, e.lapsed = 0, 0, 0, 0
-	e.k, e.g, e.stopped, e.parked, e.owed = 0, 0, false, 0, 0
+// confirmation is what the heartbeats have found so far (lease.retiring).
+func (h *Hybrid) confirmation() confirmation {
+	return confirmation{seq: h.confirms.Load(), epoch: h.epoch.Load()}
 }
 
 // flight is one lease call in progress; waiters block on done.
@@ -203,10 +153,31 @@ type HybridOptions struct {
 	Now func() time.Time
 }
 
+// leaser is what Hybrid asks of Redis: the Store's calls it makes, and
+// nothing else, so that a fake answering from memory can stand in for
+// Redis in hybrid's unit tests (hybrid_fake_test.go).
+type leaser interface {
+	// lease and leaseWindow lease a bucket's or a window's units,
+	// retiring the lease held (Store.lease, Store.leaseWindow).
+	lease(ctx context.Context, partition string, l quota.Limit, a leaseAsk) (bucketGrant, error)
+	leaseWindow(ctx context.Context, partition string, l quota.Limit, a leaseAsk, hold windowHold) (windowLease, error)
+	// giveBack, giveBackWindow and refund return unspent units.
+	giveBack(ctx context.Context, partition string, n int64, h held) (returned, error)
+	giveBackWindow(ctx context.Context, partition string, l quota.Limit, ws, units int64) error
+	refund(ctx context.Context, partition string, l quota.Limit, units int64) error
+	// decide is an exact decision, for what hybrid mode does not lease.
+	decide(ctx context.Context, partition string, l quota.Limit, units, debt int64) (quota.Decision, error)
+	// peek and reset serve the counters API (inspect.go).
+	peek(ctx context.Context, partition string, l quota.Limit) (quota.Inspection, error)
+	reset(ctx context.Context, partition string) error
+}
+
+var _ leaser = (*Store)(nil)
+
 // Hybrid spends local slices of Redis counts. See the design note above.
 type Hybrid struct {
 	table *Table
-	store *Store
+	store leaser
 	peers PeerCounter
 	opts  HybridOptions
 
@@ -245,6 +216,14 @@ var _ quota.Limiter = (*Hybrid)(nil)
 // NewHybrid returns a hybrid limiter keeping slices in table and counts
 // in store, and starts its background returns. Close stops it.
 func NewHybrid(table *Table, store *Store, peers PeerCounter, opts HybridOptions) *Hybrid {
+	if opts.Metrics == nil {
+		opts.Metrics = store.opts.Metrics
+	}
+	return newHybrid(table, store, peers, opts)
+}
+
+// newHybrid is NewHybrid over any leaser; opts.Metrics must be set.
+func newHybrid(table *Table, store leaser, peers PeerCounter, opts HybridOptions) *Hybrid {
 	if opts.SliceIdle <= 0 {
 		opts.SliceIdle = time.Second
 	}
@@ -256,9 +235,6 @@ func NewHybrid(table *Table, store *Store, peers PeerCounter, opts HybridOptions
 	}
 	if opts.Log == nil {
 		opts.Log = slog.Default()
-	}
-	if opts.Metrics == nil {
-		opts.Metrics = store.opts.Metrics
 	}
 	h := &Hybrid{
 		table:   table,
@@ -290,7 +266,11 @@ func leases(l quota.Limit) bool {
 	return false
 }
 
-// Take implements Limiter.
+// Take implements Limiter: a charge: always limit is decided as redis
+// mode decides it (budget), a limit hybrid mode does not lease by its
+// exact script, and every other from the key's lease: spent locally
+// when the slice held has the request's tokens (spendLocked, written out
+// here: the hot path, no I/O), and otherwise from Redis (takeMissLocked).
 func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
 	if l.Overdraft {
 		return h.budget(ctx, key, l, n, now)
@@ -302,145 +282,227 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		}
 		return d, err
 	}
-	need := max(n, 1) // a question (n = 0) needs one token in the slice, and spends none
-	ns := now.UnixNano()
+	need, ns := max(n, 1), now.UnixNano() // a question (n = 0) needs one token in the slice, and spends none
 	sh := h.table.Lock(key)
 	e := stateLocked(sh, key)
 	e.count += n
 	e.lastUsed = ns
-	asked := false // this request has had Redis's answer
+	if !h.endLeaseLocked(key, e, l, now) && e.lease.spend(n, need) {
+		d := h.allowLocked(e, l, ns)
+		sh.Unlock()
+		return d, nil
+	}
+	return h.takeMissLocked(ctx, sh, e, &request{key: key, l: l, n: n, need: need, now: now, ns: ns})
+}
+
+// request is one take of a leased key, as takeMissLocked's steps see it.
+type request struct {
+	key  string
+	l    quota.Limit
+	n    int64 // units it spends
+	need int64 // units the slice must hold for it: n, or 1 for a question (n = 0), which spends none
+	now  time.Time
+	ns   int64 // now in unix ns
+}
+
+// takeMissLocked decides r when the slice e holds lacks its tokens (or
+// was taken under another capacity), with the key's shard sh locked, and
+// unlocks it. It goes round until a step decides: answer from a denial
+// cached (deniedLocked); else wait for the renewal another request of the
+// key has in flight (awaitFlightLocked) or renew (renewLocked: retire the
+// lease and lease r's tokens and the next slice in one Redis call); then
+// spend locally from what came (spendLocked). Each step is called with
+// the shard locked and returns with it locked: a step that unlocks it for
+// a wait or a call locks it again by the key, which names the same shard.
+func (h *Hybrid) takeMissLocked(ctx context.Context, sh *localcache.Shard[*keyState], e *keyState, r *request) (quota.Decision, error) {
+	asked := false // r has had Redis's answer
 	for {
-		resized := h.endLeaseLocked(key, e, l, now)
-		if e.tokens >= need && !resized {
-			e.tokens -= n
-			d := h.allowLocked(e, l, ns)
-			sh.Unlock()
-			return d, nil
-		}
-		// A cached denial is checked against the clock again: a request
-		// whose now was read before its process stalled (a CPU-throttled
-		// container) must not be denied for a token that has come due
-		// meanwhile; Redis decides that, as it would in redis mode. A
-		// request that just had Redis's denial takes it.
-		if e.deniedUntil > ns && (asked || e.deniedUntil > h.opts.Now().UnixNano()) {
-			d := quota.Decision{Limit: l.Limit, RetryAfter: time.Duration(e.deniedUntil - ns), ResetAfter: time.Duration(max(e.fullAt-ns, 0))}
+		if d, ok := h.deniedLocked(e, r, asked); ok {
 			sh.Unlock()
 			return d, nil
 		}
 		if f := e.flight; f != nil {
-			// Another request is leasing this key: wait for its slice.
-			// While waiting we count as demand, so whoever leases next
-			// asks for enough for every waiter, not one token each.
-			e.waiting += need
-			sh.Unlock()
-			h.opts.Metrics.LeaseWaits.Inc()
-			var err error
-			select {
-			case <-f.done:
-				err = f.err
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
-			sh = h.table.Lock(key)
-			e.waiting -= need
-			if errors.Is(err, context.Canceled) && ctx.Err() == nil {
-				// The leasing request's caller went away, not ours: lease
-				// ourselves rather than fall back for a reason not our own.
-				e = stateLocked(sh, key)
-				continue
-			}
-			if err != nil {
+			if err := h.awaitFlightLocked(ctx, sh, e, f, r); err != nil {
 				sh.Unlock()
 				return quota.Decision{}, err
 			}
-			e = stateLocked(sh, key)
-			continue
-		}
-
-		// The slice holds fewer tokens than this request needs: retire
-		// it, giving back what is left, and lease this request's tokens
-		// and a slice for what comes next, all in one call. Nobody spends
-		// the old slice meanwhile; if the call fails, what it held is
-		// lost to this replica until the lease ends in Redis: under-use.
-		fit := h.sliceSizeLocked(e, l, ns)
-		want := max(fit.want, need)
-		if ns < h.exactUntil.Load() {
-			want = need // Redis just forgot: exact until the others' debts land (forgetExact)
-		}
-		old := h.retiringLocked(e, ns)
-		e.dropLeaseLocked()
-		f := &flight{done: make(chan struct{})}
-		e.flight = f
-		var debt int64
-		if owesFallback(l) {
-			debt, e.debt = e.debt, 0 // fallback admissions, charged with this lease
-		}
-		peers := max(h.peers.Count(), 1)
-		sh.Unlock()
-
-		ls, err := h.lease(ctx, key, l, want, need, n, debt, peers, fit.life, old)
-
-		sh = h.table.Lock(key)
-		e.flight = nil
-		f.err = err
-		close(f.done)
-		asked = true
-		if err != nil {
-			e.debt += debt
-			sh.Unlock()
-			return quota.Decision{}, err
-		}
-		if ls.forgot {
-			h.forgotten()
-		} else if old.unspent > 0 {
-			h.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnRenewed)).Add(float64(old.unspent))
-		}
-		if ls.granted > 0 {
-			h.opts.Metrics.SlicesLeased.Inc()
-			h.opts.Metrics.TokensLeased.Add(float64(ls.granted))
-		}
-		if e.evicted {
-			// The key left the cache while we were away: its entry is
-			// gone, so hand the lease back and carry on with a new one.
-			// Redis counts all but the n this request was to spend as
-			// out; all of it goes back, as nothing was spent.
-			h.enqueue(giveback{key: key, algorithm: l.Algorithm, window: l.Window, lease: held{id: ls.id, granted: ls.granted - n, unspent: ls.granted}, reason: ReturnEvicted})
-			e = stateLocked(sh, key)
-			continue
-		}
-		e.remote, e.remoteAt = ls.remaining, ns
-		e.fullAt = ns + int64(ls.full)
-		e.count = 0
-		if ls.granted == 0 {
-			if need > 1 {
-				// Redis lacks this request's tokens, not necessarily one:
-				// deny this request alone, and cache nothing.
-				d := quota.Decision{Limit: l.Limit, Remaining: ls.remaining, RetryAfter: max(ls.wait, time.Microsecond), ResetAfter: time.Duration(max(e.fullAt-ns, 0))}
+			e = stateLocked(sh, r.key) // the key may have left the table meanwhile
+		} else {
+			d, done, err := h.renewLocked(ctx, sh, e, r)
+			asked = true
+			if err != nil || done {
 				sh.Unlock()
-				return d, nil
+				return d, err
 			}
-			e.deniedUntil = ns + int64(max(ls.wait, time.Microsecond))
-			e.capacity = capacityOf(l) // the denial's, for endLeaseLocked
-			continue
+			if e.evicted {
+				e = stateLocked(sh, r.key) // the grant went back with the entry: lease again
+			}
 		}
-		// The request in hand spends n of the grant at once (the loop goes
-		// round with the lock held); the rest is the lease held.
-		e.tokens, e.granted, e.leaseID = ls.granted, ls.granted-n, ls.id
-		e.k, e.g, e.atConfirm, e.confirmSeq = ls.k, ls.g, ls.granted-n, h.confirms.Load()
-		e.until = now.Add(ls.life - ls.life/leaseMargin)
-		e.algorithm, e.window, e.capacity = l.Algorithm, l.Window, capacityOf(l)
-		if ls.unreplicated && ls.granted > need {
-			// Fewer replicas than redis.wait_replicas hold the lease: a
-			// failover now would lose it. The request in hand takes what
-			// it needs, as in redis mode; the rest is parked, as a stopped
-			// lease's is, given back with the key's next call if Redis
-			// still holds it, and nothing charged if not.
-			h.opts.Metrics.LeasesUnreplicated.Inc()
-			e.parked, e.tokens, e.owed, e.stopped = ls.granted-need, need, 0, true
+		if d, ok := h.spendLocked(e, r); ok {
+			sh.Unlock()
+			return d, nil
 		}
-		if e.granted > 0 {
-			h.holdLocked(key, e)
+	}
+}
+
+// spendLocked spends r's units from the slice e holds, with no I/O, when
+// it holds them and was taken under r's capacity, ending first what is
+// over (endLeaseLocked); it reports the decision if it did (ok).
+func (h *Hybrid) spendLocked(e *keyState, r *request) (d quota.Decision, ok bool) {
+	if !h.endLeaseLocked(r.key, e, r.l, r.now) && e.lease.spend(r.n, r.need) {
+		return h.allowLocked(e, r.l, r.ns), true
+	}
+	return quota.Decision{}, false
+}
+
+// deniedLocked is the denial e has cached for r, if any (ok).
+func (h *Hybrid) deniedLocked(e *keyState, r *request, asked bool) (d quota.Decision, ok bool) {
+	// A cached denial is checked against the clock again: a request
+	// whose now was read before its process stalled (a CPU-throttled
+	// container) must not be denied for a token that has come due
+	// meanwhile; Redis decides that, as it would in redis mode. A
+	// request that just had Redis's denial takes it.
+	if e.deniedUntil > r.ns && (asked || e.deniedUntil > h.opts.Now().UnixNano()) {
+		return quota.Decision{Limit: r.l.Limit, RetryAfter: time.Duration(e.deniedUntil - r.ns), ResetAfter: time.Duration(max(e.fullAt-r.ns, 0))}, true
+	}
+	return quota.Decision{}, false
+}
+
+// awaitFlightLocked waits, with the shard unlocked, for f, the renewal
+// another request of the key has in flight, for its slice. While waiting
+// r counts as demand, so whoever leases next asks for enough for every
+// waiter, not one token each. It returns f's error, or ctx's; none when
+// the renewing request's caller went away and r's did not: r then leases
+// itself rather than fall back for a reason not its own.
+func (h *Hybrid) awaitFlightLocked(ctx context.Context, sh *localcache.Shard[*keyState], e *keyState, f *flight, r *request) error {
+	e.waiting += r.need
+	sh.Unlock()
+	h.opts.Metrics.LeaseWaits.Inc()
+	var err error
+	select {
+	case <-f.done:
+		err = f.err
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	h.table.Lock(r.key)
+	e.waiting -= r.need
+	if errors.Is(err, context.Canceled) && ctx.Err() == nil {
+		return nil
+	}
+	return err
+}
+
+// renewLocked is the renewal: the slice holds fewer tokens than r needs,
+// so it is retired, giving back what is left, and r's tokens and a slice
+// for what comes next are leased, all in one call, made with the shard
+// unlocked while other requests of the key wait for it (flight). Nobody
+// spends the old slice meanwhile; if the call fails, what it held is lost
+// to this replica until the lease ends in Redis: under-use. It reports a
+// decision when the call decided r (done): a denial of r alone. Otherwise
+// the caller goes round again: the grant is held for r to spend from, a
+// denial is cached, or the key left the table during the call (e.evicted)
+// and the grant went back.
+func (h *Hybrid) renewLocked(ctx context.Context, sh *localcache.Shard[*keyState], e *keyState, r *request) (d quota.Decision, done bool, err error) {
+	a := h.askLocked(e, r)
+	f := &flight{done: make(chan struct{})}
+	e.flight = f
+	sh.Unlock()
+
+	ls, err := h.lease(ctx, r.key, r.l, a)
+
+	h.table.Lock(r.key)
+	e.flight = nil
+	f.err = err
+	close(f.done)
+	if err != nil {
+		e.debt += a.debt
+		return quota.Decision{}, false, err
+	}
+	h.countRenewal(a.retire, ls)
+	if e.evicted {
+		// The key left the cache while we were away: its entry is
+		// gone, so hand the lease back and carry on with a new one.
+		// Redis counts all but the n this request was to spend as
+		// out; all of it goes back, as nothing was spent.
+		h.enqueue(giveback{key: r.key, algorithm: r.l.Algorithm, window: r.l.Window, lease: held{id: ls.id, granted: ls.granted - r.n, unspent: ls.granted}, reason: ReturnEvicted})
+		return quota.Decision{}, false, nil
+	}
+	e.remote, e.remoteAt = ls.remaining, r.ns
+	e.fullAt = r.ns + int64(ls.full)
+	e.count = 0
+	if ls.granted == 0 {
+		if r.need > 1 {
+			// Redis lacks this request's tokens, not necessarily one:
+			// deny this request alone, and cache nothing.
+			return quota.Decision{Limit: r.l.Limit, Remaining: ls.remaining, RetryAfter: max(ls.wait, time.Microsecond), ResetAfter: time.Duration(max(e.fullAt-r.ns, 0))}, true, nil
 		}
+		e.deniedUntil = r.ns + int64(max(ls.wait, time.Microsecond))
+		e.capacity = capacityOf(r.l) // the denial's, for endLeaseLocked
+		return quota.Decision{}, false, nil
+	}
+	h.holdGrantLocked(e, r, ls)
+	return quota.Decision{}, false, nil
+}
+
+// askLocked is what r's renewal asks Redis for: a slice sized for e
+// (sliceSizeLocked; only the request's cost for a while after Redis
+// forgot), the lease held retired, and the fallback's debt charged first.
+// The lease is dropped on the replica: the call retires it.
+func (h *Hybrid) askLocked(e *keyState, r *request) leaseAsk {
+	fit := h.sliceSizeLocked(e, r.l, r.ns)
+	want := max(fit.want, r.need)
+	if r.ns < h.exactUntil.Load() {
+		want = r.need // Redis just forgot: exact until the others' debts land (forgetExact)
+	}
+	old := e.lease.retiring(r.ns, h.confirmation())
+	e.lease.drop()
+	debt := debtLocked(e, r.l)
+	peers := max(h.peers.Count(), 1)
+	return leaseAsk{want: want, need: r.need, debt: debt, life: fit.life, peers: peers, spent: r.n, retire: old}
+}
+
+// debtLocked takes what e owes Redis for the fallback's admissions under
+// l (owesFallback), to be charged with the call about to be made; the
+// caller puts it back if the call fails.
+func debtLocked(e *keyState, l quota.Limit) (debt int64) {
+	if owesFallback(l) {
+		debt, e.debt = e.debt, 0
+	}
+	return debt
+}
+
+// countRenewal counts a renewal's outcome: the lease it retired given
+// back (or forgotten by Redis), and what it granted.
+func (h *Hybrid) countRenewal(old held, ls leased) {
+	if ls.forgot {
+		h.forgotten()
+	} else if old.unspent > 0 {
+		h.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnRenewed)).Add(float64(old.unspent))
+	}
+	if ls.granted > 0 {
+		h.opts.Metrics.SlicesLeased.Inc()
+		h.opts.Metrics.TokensLeased.Add(float64(ls.granted))
+	}
+}
+
+// holdGrantLocked makes a renewal's grant e's lease. The request in hand
+// spends r.n of it at once (the caller goes round with the lock held);
+// the rest is the lease held.
+func (h *Hybrid) holdGrantLocked(e *keyState, r *request, ls leased) {
+	e.lease.start(ls, r.l, r.n, r.now, h.confirms.Load())
+	e.capacity = capacityOf(r.l)
+	if ls.unreplicated && ls.granted > r.need {
+		// Fewer replicas than redis.wait_replicas hold the lease: a
+		// failover now would lose it. The request in hand takes what
+		// it needs, as in redis mode; the rest is parked, as a stopped
+		// lease's is, given back with the key's next call if Redis
+		// still holds it, and nothing charged if not.
+		h.opts.Metrics.LeasesUnreplicated.Inc()
+		e.lease.parkAllBut(r.need)
+	}
+	if e.granted > 0 {
+		h.holdLocked(r.key, e)
 	}
 }
 
@@ -467,14 +529,10 @@ func (h *Hybrid) budget(ctx context.Context, key string, l quota.Limit, n int64,
 	sh := h.table.Lock(key)
 	e := stateLocked(sh, key)
 	e.lastUsed = now.UnixNano()
-	if e.flight == nil && (e.granted > 0 || e.tokens > 0 || e.lapsed > 0) {
-		h.enqueue(h.heldBack(key, e, now.UnixNano(), ReturnReload))
-		e.dropLeaseLocked()
+	if e.flight == nil && e.lease.outstanding() {
+		h.enqueue(e.lease.giveBack(key, now.UnixNano(), h.confirmation(), ReturnReload))
 	}
-	var debt int64
-	if owesFallback(l) {
-		debt, e.debt = e.debt, 0
-	}
+	debt := debtLocked(e, l)
 	sh.Unlock()
 	d, err := h.store.decide(ctx, key, l, n, debt)
 	if err != nil {
@@ -489,12 +547,6 @@ func (h *Hybrid) budget(ctx context.Context, key string, l quota.Limit, n int64,
 	return d, nil
 }
 
-// heldBack is the give-back of the lease e holds for key as of ns,
-// unspent tokens and all.
-func (h *Hybrid) heldBack(key string, e *keyState, ns int64, reason GiveBackReason) giveback {
-	return giveback{key: key, algorithm: e.algorithm, window: e.window, lease: h.retiringLocked(e, ns), reason: reason}
-}
-
 // leased is one lease call's outcome, for any algorithm that leases.
 type leased struct {
 	granted, remaining, id int64
@@ -504,16 +556,17 @@ type leased struct {
 	unreplicated           bool  // fewer replicas than asked hold it (StoreOptions.WaitReplicas)
 }
 
-// lease asks Redis for between need and want units of key under l, of
-// which the request in hand spends spent at once, retiring old, with the
-// script of l's algorithm: a bucket's lease for life, a window's until
-// its window ends (and at most the lease life).
-func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, want, need, spent, debt, peers int64, life time.Duration, old held) (leased, error) {
+// lease asks Redis for between a.need and a.want units of key under l,
+// of which the request in hand spends a.spent at once, retiring
+// a.retire, with the script of l's algorithm: a bucket's lease for
+// a.life (Store.lease, the call a charge's decision makes too), a
+// window's until its window ends (and at most the lease life).
+func (h *Hybrid) lease(ctx context.Context, key string, l quota.Limit, a leaseAsk) (leased, error) {
 	if l.Algorithm == quota.TokenBucket {
-		ls, err := h.store.lease(ctx, key, l, leaseAsk{want: want, need: need, debt: debt, life: life, peers: peers, spent: spent, retire: old})
-		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: life, k: ls.k, g: ls.g, forgot: ls.forgot, unreplicated: ls.unreplicated}, err
+		ls, err := h.store.lease(ctx, key, l, a)
+		return leased{granted: ls.granted, remaining: ls.remaining, id: ls.id, wait: ls.wait, full: ls.full, life: a.life, k: ls.k, g: ls.g, forgot: ls.forgot, unreplicated: ls.unreplicated}, err
 	}
-	w, err := h.store.leaseWindow(ctx, key, l, want, need, peers, old, holdFrom(ctx))
+	w, err := h.store.leaseWindow(ctx, key, l, a, holdFrom(ctx))
 	return leased{granted: w.granted, remaining: w.Remaining, id: w.id, wait: w.RetryAfter, full: w.ResetAfter, life: min(w.left, h.opts.LeaseTTL)}, err
 }
 
@@ -535,8 +588,7 @@ func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time
 		return false
 	}
 	if e.algorithm != l.Algorithm {
-		h.enqueue(h.heldBack(key, e, now.UnixNano(), ReturnReload))
-		e.dropLeaseLocked()
+		h.enqueue(e.lease.giveBack(key, now.UnixNano(), h.confirmation(), ReturnReload))
 		return false
 	}
 	if !now.Before(e.until) {
@@ -545,19 +597,11 @@ func (h *Hybrid) endLeaseLocked(key string, e *keyState, l quota.Limit, now time
 	return resized
 }
 
-// expireLocked drops an ended lease: a bucket's unspent tokens stop
-// counting in Redis by themselves; a window's stay in its count, lapsed,
-// to be given back. The lease stays named (granted, leaseID) so the next
-// lease call retires it from what Redis counts as out, if Redis still
-// counts it.
+// expireLocked ends e's lease at its end (lease.expire), counting its
+// unspent tokens as expired.
 func (h *Hybrid) expireLocked(e *keyState) {
-	e.parked = 0 // stopped, and no longer counted: nothing to give back
-	if e.tokens > 0 {
-		h.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnExpired)).Add(float64(e.tokens))
-		if e.algorithm != quota.TokenBucket {
-			e.lapsed += e.tokens
-		}
-		e.tokens = 0
+	if unspent := e.lease.expire(); unspent > 0 {
+		h.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnExpired)).Add(float64(unspent))
 	}
 }
 
@@ -621,12 +665,8 @@ func (h *Hybrid) Refund(ctx context.Context, key string, l quota.Limit, n int64,
 		return h.store.refund(ctx, key, l, n)
 	}
 	sh := h.table.Lock(key)
-	if e, ok := sh.Peek(key); ok && !e.evicted && e.granted > 0 && e.algorithm == l.Algorithm && now.Before(e.until) {
-		if e.stopped {
-			e.parked += n // a stopped lease is not spent: back with it at its retirement
-		} else {
-			e.tokens += n
-		}
+	if e, ok := sh.Peek(key); ok && !e.evicted && e.lease.holds(l.Algorithm, now) {
+		e.lease.refund(n)
 		h.holdLocked(key, e)
 		sh.Unlock()
 		return nil
@@ -655,8 +695,7 @@ func (h *Hybrid) evicted(key string, e *keyState) {
 		if !now.Before(e.until) {
 			h.expireLocked(e)
 		}
-		h.enqueue(h.heldBack(key, e, now.UnixNano(), ReturnEvicted))
-		e.dropLeaseLocked()
+		h.enqueue(e.lease.giveBack(key, now.UnixNano(), h.confirmation(), ReturnEvicted))
 	}
 }
 
@@ -762,14 +801,11 @@ func (h *Hybrid) Sweep(now time.Time, idle time.Duration, reason GiveBackReason)
 			e.holding = false
 		case !now.Before(e.until):
 			h.expireLocked(e)
-			if e.lapsed == 0 { // a window lease with units to give back stays named for the next lease call
-				e.granted, e.leaseID = 0, 0
-			}
+			e.lease.unname()
 			delete(h.holders, key)
 			e.holding = false
 		case ns-e.lastUsed >= int64(idle) && e.flight == nil && (reason.givesBackAll() || 2*e.remote < e.capacity):
-			g = h.heldBack(key, e, ns, reason)
-			e.dropLeaseLocked()
+			g = e.lease.giveBack(key, ns, h.confirmation(), reason)
 			delete(h.holders, key)
 			e.holding = false
 		}
@@ -813,21 +849,13 @@ const forgetExact = 2 * time.Second
 // forgotten counts a lease Redis had forgotten.
 func (h *Hybrid) forgotten() { h.opts.Metrics.LeasesForgotten.Inc() }
 
-// touchLocked brings e up to the store's state before a decision: after a
-// heartbeat confirmed the state, the lease's unspent tokens are what was
-// counted in it (spending from here on is since); after a change, a
-// cached denial, made against the state Redis lost, is dropped.
+// touchLocked brings e up to the store's state before a decision: the
+// lease to the heartbeats (lease.touch); after a change, a cached denial,
+// made against the state Redis lost, is dropped.
 func (h *Hybrid) touchLocked(e *keyState) {
-	if c := h.confirms.Load(); e.confirmSeq != c {
-		e.confirmSeq, e.atConfirm = c, e.tokens
-	}
+	e.lease.touch(h.confirms.Load())
 	if era := h.era.Load(); e.era != era {
 		e.era, e.deniedUntil = era, 0
-	}
-	if e.granted == 0 && (e.stopped || e.parked != 0 || e.k != 0) {
-		// The lease went without this path (a charge spent it): nothing
-		// of it is left to settle.
-		e.k, e.g, e.stopped, e.parked, e.owed = 0, 0, false, 0, 0
 	}
 }
 
@@ -859,13 +887,9 @@ func (h *Hybrid) Forgot(string) {
 		if e, ok := sh.Peek(key); ok && !e.evicted && e.granted > 0 {
 			switch {
 			case e.algorithm != quota.TokenBucket:
-				e.dropLeaseLocked()
+				e.lease.drop()
 			case !e.stopped:
-				var owed int64
-				if e.confirmSeq == confirmed { // touched since: what was spent since
-					owed = max(e.atConfirm-e.tokens, 0)
-				}
-				e.parked, e.tokens, e.owed, e.stopped = e.parked+e.tokens, 0, owed, true
+				e.lease.stop(e.lease.spentSince(confirmed)) // touched since the last confirmation: what was spent since
 			}
 		}
 		sh.Unlock()

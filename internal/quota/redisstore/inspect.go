@@ -69,7 +69,8 @@ func (t *Table) Forget(key string) {
 	sh := t.Lock(key)
 	if e, ok := sh.Peek(key); ok {
 		e.remote, e.remoteAt = 0, 0
-		e.tokens, e.granted, e.leaseID, e.deniedUntil, e.fullAt, e.count = 0, 0, 0, 0, 0, 0
+		e.lease.forget()
+		e.deniedUntil, e.fullAt, e.count = 0, 0, 0
 	}
 	sh.Unlock()
 }

@@ -352,8 +352,8 @@ type result struct {
 	err error
 }
 
-// lease is the outcome of one bucket_lease call.
-type lease struct {
+// bucketGrant is the outcome of one bucket_lease call.
+type bucketGrant struct {
 	granted   int64
 	remaining int64         // tokens left in the Redis bucket afterwards
 	wait      time.Duration // until the tokens needed are there, when none was granted
@@ -419,7 +419,7 @@ func (s *Store) retireKeys(partition string, h held) []string {
 // lease takes between a.need and a.want tokens of partition's bucket
 // under l, or none when fewer than need remain (want 0, need 1 asks
 // without taking), after charging a.debt and retiring a.retire.
-func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a leaseAsk) (lease, error) {
+func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a leaseAsk) (bucketGrant, error) {
 	var late func(v any)
 	if !a.charge {
 		late = func(v any) { s.undoLate(partition, a, v) }
@@ -432,7 +432,7 @@ func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a le
 		// No lease held past the request in hand: nothing to wait for.
 		v, err := s.runLate(ctx, "lease", bucketLease, keys, late, args...)
 		if err != nil {
-			return lease{}, err
+			return bucketGrant{}, err
 		}
 		return leaseOf(v)
 	}
@@ -443,7 +443,7 @@ func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a le
 		return v, err
 	}, late)
 	if err != nil {
-		return lease{}, err
+		return bucketGrant{}, err
 	}
 	ls, err := leaseOf(v)
 	ls.unreplicated = acked.Load() < int64(s.opts.WaitReplicas)
@@ -480,13 +480,13 @@ func (s *Store) leaseAndWait(ctx context.Context, keys []string, args []any) (an
 }
 
 // leaseOf reads bucket_lease's reply.
-func leaseOf(v any) (lease, error) {
+func leaseOf(v any) (bucketGrant, error) {
 	r, ok := v.([]any)
 	if !ok || len(r) != 8 {
-		return lease{}, fmt.Errorf("redisstore: bucket_lease returned %v", v)
+		return bucketGrant{}, fmt.Errorf("redisstore: bucket_lease returned %v", v)
 	}
 	n := func(i int) int64 { x, _ := r[i].(int64); return x }
-	return lease{
+	return bucketGrant{
 		granted:   n(0),
 		remaining: n(1),
 		wait:      time.Duration(n(2)) * time.Microsecond,
@@ -577,18 +577,20 @@ type windowLease struct {
 	left    time.Duration // until the window ends, the lease's life
 }
 
-// leaseWindow takes between need and want units of the current window of
-// partition under l (a fixed or sliding window), at most half of what
-// fits over peers replicas, after giving back the unspent units of the
-// lease in back.
-func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit, want, need, peers int64, back held, hold windowHold) (windowLease, error) {
+// leaseWindow takes between a.need and a.want units of the current window
+// of partition under l (a fixed or sliding window), at most half of what
+// fits over a.peers replicas, after giving back the unspent units of the
+// lease in a.retire. A window's lease dies with its window: a.life, a.debt
+// and a.spent are not sent (the request in hand spends its units from the
+// grant on the replica).
+func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit, a leaseAsk, hold windowHold) (windowLease, error) {
 	key := []string{s.algorithmKey(partition, l.Algorithm)}
 	script, name := fixedWindowScript, "fixed_window"
 	if l.Algorithm == quota.SlidingWindow {
 		script, name = slidingWindowScript, "sliding_window"
 	}
 	late := func(v any) { s.undoWindowLate(partition, l, v) }
-	v, err := s.runLate(ctx, "lease", script, key, late, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), want, need, peers, back.id, back.unspent, "", blockMicros(l), hold.units, hold.start)
+	v, err := s.runLate(ctx, "lease", script, key, late, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), a.want, a.need, a.peers, a.retire.id, a.retire.unspent, "", blockMicros(l), hold.units, hold.start)
 	if err != nil {
 		return windowLease{}, err
 	}
