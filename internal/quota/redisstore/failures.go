@@ -45,6 +45,18 @@ func mayHaveRun(err error) bool {
 	return true
 }
 
+// neverSent reports whether a call that failed with err never reached
+// Redis: refused because its node was marked down, a dial refused, or no
+// connection free in time. (An error reply is not among them: a script
+// that failed part way may have written.)
+func neverSent(err error) bool {
+	if errors.Is(err, ErrStoreDown) || errors.Is(err, redis.ErrPoolTimeout) {
+		return true
+	}
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
 // newProber is the breaker's prober over the store's probe clients.
 func newProber(opts StoreOptions) *breaker.RedisProber {
 	p := &breaker.RedisProber{Client: opts.Probe, Router: opts.Router}

@@ -404,6 +404,7 @@ func (h *Hybrid) awaitFlightLocked(ctx context.Context, sh *localcache.Shard[*ke
 // denial is cached, or the key left the table during the call (e.evicted)
 // and the grant went back.
 func (h *Hybrid) renewLocked(ctx context.Context, sh *localcache.Shard[*keyState], e *keyState, r *request) (d quota.Decision, done bool, err error) {
+	prev := e.lease // askLocked drops it: the call retires it
 	a := h.askLocked(e, r)
 	f := &flight{done: make(chan struct{})}
 	e.flight = f
@@ -417,6 +418,20 @@ func (h *Hybrid) renewLocked(ctx context.Context, sh *localcache.Shard[*keyState
 	close(f.done)
 	if err != nil {
 		e.debt += a.debt
+		if a.retire.k > 0 && neverSent(err) && !e.evicted {
+			// The call never reached Redis, so the bucket lease it was
+			// to retire is still out, or lost with the state it was
+			// granted in (a failover to a replica that missed the
+			// grant). Kept, stopped, the key's next call retires it:
+			// its unspent tokens back if Redis holds the grant, else
+			// what was spent of it since the last confirmed heartbeat
+			// charged, as Forgot's leases are. Dropped, a lease spent
+			// through an outage that lost its grant was never charged
+			// (docs/reliability.md, "A failover that loses writes").
+			// A call that may have run may have retired it already.
+			e.lease = prev
+			e.lease.stop(a.retire.owedSince)
+		}
 		return quota.Decision{}, false, err
 	}
 	h.countRenewal(a.retire, ls)

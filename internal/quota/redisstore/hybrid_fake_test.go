@@ -464,3 +464,54 @@ func TestFakeForgottenLeaseChargedNotGivenBack(t *testing.T) {
 		t.Fatalf("%v tokens counted renewed, want 0: Redis took none back", got)
 	}
 }
+
+// A renewal that never reached Redis (the store marked down) keeps the
+// lease it was to retire, stopped, for the key's next call: there, Redis
+// having lost the grant (a failover to a replica that missed it), what
+// was spent of the lease since the last confirmed heartbeat is charged.
+// A renewal that may have run (a timeout) may have retired the lease
+// already: it is dropped, as before.
+func TestFakeRefusedRenewalKeepsTheLease(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want held // retired by the renewal once Redis answers
+		left int64
+	}{
+		{"refused: kept and charged", ErrStoreDown, held{id: 1, granted: 24, unspent: 0, k: 1, g: 1, owed: 24, owedSince: 24, epoch: "epoch-1"}, 100 - 24 - 25},
+		{"may have run: dropped", context.DeadlineExceeded, held{}, 100 - 25},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeRedis(100)
+			h, _, _ := newFakeHybrid(t, f)
+			take(t, h, "k", 1, t0) // leases 25: 24 left
+			h.Confirmed("epoch-1")
+			for i := 1; i <= 24; i++ {
+				take(t, h, "k", 1, at(time.Duration(i)*time.Millisecond)) // spends the 24
+			}
+			f.mu.Lock()
+			f.fail = tc.err
+			f.mu.Unlock()
+			if _, err := h.Take(context.Background(), "k", fakeBucket, 1, at(30*time.Millisecond)); err == nil {
+				t.Fatal("the renewal succeeded with Redis failing it")
+			}
+			f.forget(100) // the new master never got the grant
+			f.mu.Lock()
+			f.fail = nil
+			f.mu.Unlock()
+			if d := take(t, h, "k", 1, at(40*time.Millisecond)); !d.Allowed {
+				t.Fatalf("%+v, want allowed once Redis answers", d)
+			}
+			calls := f.calls()
+			if len(calls) != 3 {
+				t.Fatalf("%d lease calls, want 3", len(calls))
+			}
+			if r := calls[2].retire; r != tc.want {
+				t.Fatalf("the renewal after Redis came back retired %+v, want %+v", r, tc.want)
+			}
+			if f.available != tc.left {
+				t.Fatalf("Redis holds %d, want %d", f.available, tc.left)
+			}
+		})
+	}
+}
