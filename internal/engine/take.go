@@ -129,3 +129,129 @@ func refund(ctx context.Context, takes []Taken, now time.Time) {
 		}
 	}
 }
+
+// Counting says how a request of several takes is counted (the rate limit
+// service's rls.counting).
+type Counting uint8
+
+// The ways of counting a request's takes.
+const (
+	// AllOrNothing is TakeAll: a request denied by one take spends
+	// nothing from the others, and a denied take counts nothing.
+	AllOrNothing Counting = iota
+	// Each is envoyproxy/ratelimit's counting (TakeEach): every take is
+	// counted, the denied ones included, and nothing is refunded.
+	Each
+	// EachStopOver is Each under the anchor's
+	// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: when a take is denied,
+	// only the denied takes are counted.
+	EachStopOver
+)
+
+// TakeEach decides one request's takes at now as envoyproxy/ratelimit
+// counts a RateLimitRequest's descriptors: every take is asked (a denial
+// does not stop the others), each decides on its own, and each counts
+// its units whether it was allowed or denied: a denied take's units are
+// charged after its denial (quota.Limit.Overdraft, the path of charge:
+// always), so its count passes the limit as the anchor's INCRBY does, and
+// a limit raised later sees them. Nothing is refunded. Under stopOver
+// (EachStopOver), when any take was denied (shadow ones included, as the
+// anchor's check is), the allowed takes are refunded (the anchor does not
+// increment them) and report the remaining they found before their own
+// units; the denied ones are still counted.
+//
+// A denied take's count costs a second limiter call (the charge): in
+// redis mode a second Redis call; in hybrid mode the denial is usually
+// the lease's cached one, so the charge is its one exact Redis call. The
+// algorithms that cannot charge (sliding log, leaky bucket) count a
+// denied take's units not at all. The outcome is TakeAll's; it returns
+// len(takes) asked.
+func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, stopOver bool) (Outcome, int, error) {
+	ns := now.UnixNano()
+	anyDenied, enforcingDenied := false, false
+	for i := range takes {
+		t := &takes[i]
+		if t.Policy.top != nil {
+			t.Policy.top.Observe(t.Key, ns, t.Policy.usageAux(&t.Limit))
+		}
+		if t.Limit.Unlimited {
+			t.Decision, t.OK = quota.Decision{Allowed: true}, true
+			t.Policy.unlimited.Inc()
+			continue
+		}
+		var d quota.Decision
+		if t.Units > t.Limit.MaxCost() {
+			d = tooCostly(t.Limit)
+		} else {
+			var err error
+			d, err = t.Policy.limiter.Take(ctx, t.Key, t.Limit.Limit, t.Units, now)
+			if err != nil {
+				return Failed, i, fmt.Errorf("policy %s: %w", t.Policy.Name, err)
+			}
+		}
+		t.Decision, t.OK = d, d.Allowed
+		if d.Degraded != quota.NotDegraded {
+			t.Policy.degraded[d.Degraded].Inc()
+		}
+		switch {
+		case d.Allowed:
+			t.Policy.allowed.Inc()
+		case t.Policy.Shadow:
+			t.Policy.shadowDenied.Inc()
+			anyDenied = true
+		default:
+			t.Policy.denied.Inc()
+			anyDenied, enforcingDenied = true, true
+		}
+		if !d.Allowed {
+			chargeDenied(ctx, t, now)
+		}
+	}
+	if stopOver && anyDenied {
+		for i := range takes {
+			t := &takes[i]
+			if t.OK && t.Units > 0 && !t.Limit.Unlimited && !t.Limit.Charges(t.Units) {
+				if err := t.Policy.limiter.Refund(ctx, t.Key, t.Limit.Limit, t.Units, now); err == nil {
+					t.Policy.refunded.Inc()
+					t.Decision.Remaining = min(t.Decision.Remaining+t.Units, t.Limit.Limit.Limit)
+				}
+			}
+		}
+	}
+	if enforcingDenied {
+		if unavailable(takes) {
+			return Unavailable, len(takes), nil
+		}
+		return OverLimit, len(takes), nil
+	}
+	if hold == nil {
+		hold = sleepCtx
+	}
+	if err := holdAllowed(ctx, takes, now, hold); err != nil {
+		return Canceled, len(takes), err
+	}
+	return OK, len(takes), nil
+}
+
+// chargeDenied counts the units of a denied take t past its limit, as a
+// charge (the decision stays the denial). A take denied by
+// on_redis_error: deny is not charged (Redis is unreachable), nor is one
+// of an algorithm that cannot charge; one the fallback denied is charged
+// to the fallback, which owes it to Redis as it owes any charge.
+func chargeDenied(ctx context.Context, t *Taken, now time.Time) {
+	l := t.Limit.Limit
+	if t.Units <= 0 || t.Decision.Degraded == quota.DegradedDeny || !charges(l.Algorithm) {
+		return
+	}
+	l.Overdraft = true
+	_, _ = t.Policy.limiter.Take(ctx, t.Key, l, t.Units, now) // a count lost with an unreachable store, as any take's
+}
+
+// charges reports whether algorithm a counts charges (quota.Limit.Overdraft).
+func charges(a quota.Algorithm) bool {
+	switch a {
+	case quota.TokenBucket, quota.FixedWindow, quota.SlidingWindow:
+		return true
+	}
+	return false
+}

@@ -7,7 +7,10 @@
 // the process's limiters (local, redis, hybrid, the fallback and the
 // breaker), and a request's descriptors are taken all or nothing by
 // engine.TakeAll. A request of several descriptors one of which is over
-// its limit spends nothing from the others.
+// its limit spends nothing from the others; under rls.counting: each (the
+// default in the anchor's environment, internal/rlsenv) they are counted
+// as envoyproxy/ratelimit counts them instead (engine.TakeEach): each on
+// its own, the one over its limit included.
 //
 // The matching rules are envoyproxy/ratelimit's (match.go); the answer
 // carries the status of every descriptor, and the RateLimit headers and
@@ -162,6 +165,7 @@ type answer struct {
 	takes   []engine.Taken
 	limits  []*limit // by take: the rate limit it counts for; nil for a limit Envoy sent
 	asked   int      // takes[:asked] were decided; TakeAll stops at a denial
+	each    bool     // counted by engine.TakeEach (rls.counting: each...): nothing refunded
 	slots   []slot   // by descriptor
 	takeBuf [2]engine.Taken
 	limBuf  [2]*limit
@@ -325,8 +329,18 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 		a.drop(replaced)
 	}
 
-	// 2. Take them all or none.
-	outcome, asked, err := engine.TakeAll(ctx, a.takes, now, s.hold)
+	// 2. Take them all or none (the default), or each as
+	// envoyproxy/ratelimit counts them (rls.counting).
+	var outcome engine.Outcome
+	var asked int
+	var err error
+	switch c.cfg.RLS.Counting {
+	case config.CountingEach, config.CountingEachStopWhenOver:
+		a.each = true
+		outcome, asked, err = engine.TakeEach(ctx, a.takes, now, s.hold, c.cfg.RLS.Counting == config.CountingEachStopWhenOver)
+	default:
+		outcome, asked, err = engine.TakeAll(ctx, a.takes, now, s.hold)
+	}
 	a.asked = asked
 	if err != nil {
 		return nil, outcome, check.DecisionError(err, outcome, "rls: ")
