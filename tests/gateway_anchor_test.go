@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/extauthz/extauthz/tests/internal/testcerts"
 	"github.com/extauthz/extauthz/tests/internal/testredis"
@@ -151,6 +152,12 @@ func anchorScriptConfig(v string, edit func([]*rlsconfv3.RateLimitDescriptor) []
 	return c
 }
 
+// withHits is d with its own hits_addend n.
+func withHits(d *ratelimitv3.RateLimitDescriptor, n uint64) *ratelimitv3.RateLimitDescriptor {
+	d.HitsAddend = wrapperspb.UInt64(n)
+	return d
+}
+
 // pairRule is the request descriptor of rule i of route pair.
 func pairRule(i int) *ratelimitv3.RateLimitDescriptor {
 	outer := "httproute/default/pair/rule/" + strconv.Itoa(i) + "/match/-1"
@@ -223,6 +230,14 @@ func besideAnchor(t *testing.T, env ...string) {
 		one("unlimited", chainRequest("open"), 3),
 		one("distinct masked address 10.0.0.1", byIP("10.0.0.1"), 3),
 		one("distinct masked address 10.0.0.2", byIP("10.0.0.2"), 3),
+		// A descriptor's own hits_addend (2 an hour): a question (0)
+		// counts nothing and is OK up to the limit, the limit included;
+		// more than one hit at once counts them all, over the limit too.
+		one("hits_addend 0, a question at 0 of 2", withHits(byIP("10.0.0.4"), 0), 1),
+		one("hits_addend 2, to the limit", withHits(byIP("10.0.0.4"), 2), 1),
+		one("hits_addend 0, a question at 2 of 2", withHits(byIP("10.0.0.4"), 0), 1),
+		one("hits_addend 3, over (5 of 2)", withHits(byIP("10.0.0.4"), 3), 1),
+		one("hits_addend 0, a question at 5 of 2", withHits(byIP("10.0.0.4"), 0), 1),
 		{name: "shared rule's domain", domain: "default/shared-policy/0", ds: []*ratelimitv3.RateLimitDescriptor{shared}, n: 2},
 		one("an unknown route", chainRequest("nobody"), 2),
 		{name: "an unknown domain", domain: "default/eg/other", ds: []*ratelimitv3.RateLimitDescriptor{chainRequest("backend")}, n: 2},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/quota"
 )
 
@@ -180,13 +181,34 @@ func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, 
 			continue
 		}
 		var d quota.Decision
-		if t.Units > t.Limit.MaxCost() {
-			d = tooCostly(t.Limit)
-		} else {
+		charged := false
+		switch {
+		case t.Units > t.Limit.MaxCost() && charges(t.Limit.Algorithm):
+			// More than the limit at once: over, and counted (the
+			// anchor's INCRBY of it), in one call, the charge; its
+			// decision says when the count resets.
+			l := t.Limit.Limit
+			l.Overdraft = true
 			var err error
-			d, err = t.Policy.limiter.Take(ctx, t.Key, t.Limit.Limit, t.Units, now)
+			d, err = t.Policy.limiter.Take(ctx, t.Key, l, t.Units, now)
 			if err != nil {
 				return Failed, i, fmt.Errorf("policy %s: %w", t.Policy.Name, err)
+			}
+			d.Allowed, d.Remaining, d.RetryAfter, charged = false, 0, max(d.RetryAfter, d.ResetAfter), true
+		case t.Units > t.Limit.MaxCost():
+			d = tooCostly(t.Limit)
+		default:
+			l, question := t.Limit.Limit, anchorQuestion(t)
+			if question {
+				l.Limit++ // see anchorQuestion
+			}
+			var err error
+			d, err = t.Policy.limiter.Take(ctx, t.Key, l, t.Units, now)
+			if err != nil {
+				return Failed, i, fmt.Errorf("policy %s: %w", t.Policy.Name, err)
+			}
+			if question {
+				d.Limit, d.Remaining = t.Limit.Limit.Limit, max(d.Remaining-1, 0)
 			}
 		}
 		t.Decision, t.OK = d, d.Allowed
@@ -203,7 +225,7 @@ func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, 
 			t.Policy.denied.Inc()
 			anyDenied, enforcingDenied = true, true
 		}
-		if !d.Allowed {
+		if !d.Allowed && !charged {
 			chargeDenied(ctx, t, now)
 		}
 	}
@@ -231,6 +253,19 @@ func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, 
 		return Canceled, len(takes), err
 	}
 	return OK, len(takes), nil
+}
+
+// anchorQuestion reports whether t is a question (0 units) that TakeEach
+// asks under its limit plus one: envoyproxy/ratelimit answers a question
+// OK while the count is at most the limit (its INCRBY 0 finds the count
+// not over), where a question of our limiters asks whether one more unit
+// fits (the count below the limit). Asked under limit + 1, a fixed
+// window's question is allowed exactly while count <= limit, and its
+// remaining, less one, is limit - count, the anchor's. Only a fixed
+// window outside hybrid mode (where a lease sized by another limit would
+// be retired) is asked so; other questions keep our meaning.
+func anchorQuestion(t *Taken) bool {
+	return t.Units == 0 && t.Limit.Algorithm == quota.FixedWindow && t.Policy.Mode != config.ModeHybrid
 }
 
 // chargeDenied counts the units of a denied take t past its limit, as a

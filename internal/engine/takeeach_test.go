@@ -1,0 +1,179 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/quota/local"
+)
+
+// eachRig is two local fixed-window policies of a minute, first (2) and
+// second (4), taken each as envoyproxy/ratelimit counts a request's
+// descriptors.
+type eachRig struct {
+	t             *testing.T
+	m             *Metrics
+	first, second *Policy
+	now           time.Time
+	stopOver      bool
+}
+
+func newEachRig(t *testing.T, stopOver bool) *eachRig {
+	m := NewMetrics(nil)
+	table, _ := local.NewTable(100)
+	return &eachRig{t: t, m: m, stopOver: stopOver,
+		first:  standalone(t, m, table, config.Policy{Name: "first", Limit: 2, Window: time.Minute}),
+		second: standalone(t, m, table, config.Policy{Name: "second", Limit: 4, Window: time.Minute}),
+		now:    time.Unix(1_700_000_040, 0), // 40s into a minute
+	}
+}
+
+// take asks for units[i] of each policy given (nil: left out).
+func (r *eachRig) take(takes ...Taken) (Outcome, []Taken) {
+	r.t.Helper()
+	o, asked, err := TakeEach(context.Background(), takes, r.now, nil, r.stopOver)
+	if err != nil || asked != len(takes) {
+		r.t.Fatalf("TakeEach: %v, %d asked of %d", err, asked, len(takes))
+	}
+	return o, takes
+}
+
+func (r *eachRig) of(p *Policy, units int64) Taken {
+	return Taken{Policy: p, Key: p.Name, Limit: p.FixedLimit(), Units: units}
+}
+
+// A request of two descriptors whose first is over: the first is denied
+// and its hit still counts (the count passes the limit), the second is
+// asked and counts, nothing is refunded, and each status says what its
+// own count leaves, as envoyproxy/ratelimit's INCRBY per descriptor does.
+func TestTakeEachCountsEveryDescriptor(t *testing.T) {
+	r := newEachRig(t, false)
+	for i := 0; i < 2; i++ {
+		if o, _ := r.take(r.of(r.first, 1)); o != OK {
+			t.Fatalf("first alone, call %d: %v", i+1, o)
+		}
+	}
+	o, takes := r.take(r.of(r.first, 1), r.of(r.second, 1))
+	if o != OverLimit || takes[0].OK || !takes[1].OK || takes[1].Decision.Remaining != 3 {
+		t.Fatalf("both, the first over: %v %+v", o, takes)
+	}
+	// The second's hit stayed: 2 left after this one, not 3.
+	if o, takes := r.take(r.of(r.second, 1)); o != OK || takes[0].Decision.Remaining != 2 {
+		t.Fatalf("second alone after: %v %+v", o, takes)
+	}
+	// The first's count is 3: a question (0 hits) finds it over (the
+	// anchor's INCRBY 0 reads 3 > 2).
+	if o, takes := r.take(r.of(r.first, 0)); o != OverLimit || takes[0].OK {
+		t.Fatalf("question of first: %v %+v", o, takes)
+	}
+	for _, c := range []struct {
+		policy, result string
+		want           float64
+	}{{"first", "allowed", 2}, {"first", "denied", 2}, {"first", "refunded", 0}, {"second", "allowed", 2}, {"second", "refunded", 0}} {
+		if got := testutil.ToFloat64(r.m.Decisions.WithLabelValues(c.policy, "local", c.result)); got != c.want {
+			t.Errorf("%s %s = %v, want %v", c.policy, c.result, got, c.want)
+		}
+	}
+}
+
+// A limit raised after denied requests sees them: 5 hits at a limit of 2
+// count 5, so at 6 one more is allowed (remaining 0), then none.
+func TestTakeEachRaisedLimitSeesDeniedHits(t *testing.T) {
+	r := newEachRig(t, false)
+	for i := 0; i < 5; i++ {
+		if o, _ := r.take(r.of(r.first, 1)); (o == OK) != (i < 2) {
+			t.Fatalf("call %d at 2: %v", i+1, o)
+		}
+	}
+	raised := r.first.NewLimit(6, time.Minute)
+	take := func(units int64) (Outcome, Taken) {
+		o, takes := r.take(Taken{Policy: r.first, Key: "first", Limit: raised, Units: units})
+		return o, takes[0]
+	}
+	// A question at 5 of 6: OK, 1 remaining.
+	if o, tk := take(0); o != OK || tk.Decision.Remaining != 1 || tk.Decision.Limit != 6 {
+		t.Fatalf("question at 5 of 6: %v %+v", o, tk.Decision)
+	}
+	if o, tk := take(1); o != OK || tk.Decision.Remaining != 0 {
+		t.Fatalf("at 6: %v %+v", o, tk.Decision)
+	}
+	// A question at exactly the limit is OK with 0 remaining, as the
+	// anchor answers (our all-or-nothing question would deny it).
+	if o, tk := take(0); o != OK || tk.Decision.Remaining != 0 {
+		t.Fatalf("question at 6 of 6: %v %+v", o, tk.Decision)
+	}
+	if o, _ := take(1); o != OverLimit {
+		t.Fatalf("at 7 of 6: %v", o)
+	}
+	if o, _ := take(0); o != OverLimit {
+		t.Fatalf("question at 7 of 6: %v", o)
+	}
+}
+
+// hits_addend > 1: a take of 3 at a limit of 4 leaves 1; the next 3 are
+// over and counted (6), so the limit raised to 7 admits exactly 1 more.
+func TestTakeEachHitsAddend(t *testing.T) {
+	r := newEachRig(t, false)
+	if o, takes := r.take(r.of(r.second, 3)); o != OK || takes[0].Decision.Remaining != 1 {
+		t.Fatalf("3 of 4: %v %+v", o, takes)
+	}
+	if o, takes := r.take(r.of(r.second, 3)); o != OverLimit || takes[0].OK {
+		t.Fatalf("6 of 4: %v %+v", o, takes)
+	}
+	// More than the limit at once is over, and counted too (as the
+	// anchor's INCRBY of it is): 6 + 5 = 11.
+	if o, _ := r.take(r.of(r.second, 5)); o != OverLimit {
+		t.Fatalf("5 at once: %v", o)
+	}
+	raised := r.second.NewLimit(12, time.Minute)
+	o, takes := r.take(Taken{Policy: r.second, Key: "second", Limit: raised, Units: 1})
+	if o != OK || takes[0].Decision.Remaining != 0 {
+		t.Fatalf("12 of 12: %v %+v", o, takes)
+	}
+	if o, _ := r.take(Taken{Policy: r.second, Key: "second", Limit: raised, Units: 1}); o != OverLimit {
+		t.Fatalf("13 of 12: %v", o)
+	}
+}
+
+// Under STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (each_stop_when_over),
+// a request with a descriptor over counts only the descriptors over: the
+// second's hit is given back and its status says the remaining it found;
+// the first's still counts. A request none of whose descriptors is over
+// counts them all.
+func TestTakeEachStopWhenOver(t *testing.T) {
+	r := newEachRig(t, true)
+	if o, takes := r.take(r.of(r.first, 1), r.of(r.second, 1)); o != OK || takes[0].Decision.Remaining != 1 || takes[1].Decision.Remaining != 3 {
+		t.Fatalf("both within: %v %+v", o, takes)
+	}
+	if o, _ := r.take(r.of(r.first, 1)); o != OK {
+		t.Fatalf("first at 2: %v", o)
+	}
+	for i := 0; i < 2; i++ {
+		o, takes := r.take(r.of(r.first, 1), r.of(r.second, 1))
+		if o != OverLimit || takes[0].OK || !takes[1].OK || takes[1].Decision.Remaining != 3 {
+			t.Fatalf("both, the first over, call %d: %v %+v", i+1, o, takes)
+		}
+	}
+	// The second counted 1 (the first request) only: 3 more fit.
+	for i := 0; i < 3; i++ {
+		if o, _ := r.take(r.of(r.second, 1)); o != OK {
+			t.Fatalf("second alone, call %d: %v", i+1, o)
+		}
+	}
+	if got := testutil.ToFloat64(r.m.Decisions.WithLabelValues("second", "local", "refunded")); got != 2 {
+		t.Errorf("second refunded = %v, want 2", got)
+	}
+	// The first counted its denied hits: at 4 of 2, a limit raised to 4
+	// answers a question OK with 0 remaining, and denies a hit.
+	raised := r.first.NewLimit(4, time.Minute)
+	if o, takes := r.take(Taken{Policy: r.first, Key: "first", Limit: raised, Units: 0}); o != OK || takes[0].Decision.Remaining != 0 {
+		t.Fatalf("question at 4 of 4: %v %+v", o, takes)
+	}
+	if o, _ := r.take(Taken{Policy: r.first, Key: "first", Limit: raised, Units: 1}); o != OverLimit {
+		t.Fatalf("5 of 4: %v", o)
+	}
+}
