@@ -163,11 +163,14 @@ const (
 //
 // A denied take's count costs a second limiter call (the charge): in
 // redis mode a second Redis call; in hybrid mode the denial is usually
-// the lease's cached one, so the charge is its one exact Redis call. The
+// the lease's cached one, answered without Redis, so the charges of a
+// hybrid fixed window wait in opts.Deferred (when set), summed per key
+// and made at most once per its interval (DeferredCharges). The
 // algorithms that cannot charge (sliding log, leaky bucket) count a
 // denied take's units not at all. The outcome is TakeAll's; it returns
 // len(takes) asked.
-func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, stopOver bool) (Outcome, int, error) {
+func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, opts EachOptions) (Outcome, int, error) {
+	stopOver := opts.StopOver
 	ns := now.UnixNano()
 	anyDenied, enforcingDenied := false, false
 	for i := range takes {
@@ -226,7 +229,7 @@ func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, 
 			anyDenied, enforcingDenied = true, true
 		}
 		if !d.Allowed && !charged {
-			chargeDenied(ctx, t, now)
+			chargeDenied(ctx, t, now, opts.Deferred)
 		}
 	}
 	if stopOver && anyDenied {
@@ -273,13 +276,29 @@ func anchorQuestion(t *Taken) bool {
 // on_redis_error: deny is not charged (Redis is unreachable), nor is one
 // of an algorithm that cannot charge; one the fallback denied is charged
 // to the fallback, which owes it to Redis as it owes any charge.
-func chargeDenied(ctx context.Context, t *Taken, now time.Time) {
+func chargeDenied(ctx context.Context, t *Taken, now time.Time, deferred *DeferredCharges) {
 	l := t.Limit.Limit
 	if t.Units <= 0 || t.Decision.Degraded == quota.DegradedDeny || !charges(l.Algorithm) {
 		return
 	}
+	n := t.Units
 	l.Overdraft = true
-	_, _ = t.Policy.limiter.Take(ctx, t.Key, l, t.Units, now) // a count lost with an unreachable store, as any take's
+	if deferred != nil && defers(t) {
+		if n, l = deferred.add(t, now); n == 0 {
+			return
+		}
+	}
+	_, _ = t.Policy.limiter.Take(ctx, t.Key, l, n, now) // a count lost with an unreachable store, as any take's
+}
+
+// EachOptions are TakeEach's.
+type EachOptions struct {
+	// StopOver counts only the denied takes when one is
+	// (EachStopOver: STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+	StopOver bool
+	// Deferred, when set, holds the denied hits of hybrid fixed windows
+	// to charge them summed (nil: each is charged at once).
+	Deferred *DeferredCharges
 }
 
 // charges reports whether algorithm a counts charges (quota.Limit.Overdraft).

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/extauthz/extauthz/internal/config"
+	"github.com/extauthz/extauthz/internal/quota"
 	"github.com/extauthz/extauthz/internal/quota/local"
 )
 
@@ -28,14 +29,14 @@ func newEachRig(t *testing.T, stopOver bool) *eachRig {
 	return &eachRig{t: t, m: m, stopOver: stopOver,
 		first:  standalone(t, m, table, config.Policy{Name: "first", Limit: 2, Window: time.Minute}),
 		second: standalone(t, m, table, config.Policy{Name: "second", Limit: 4, Window: time.Minute}),
-		now:    time.Unix(1_700_000_040, 0), // 40s into a minute
+		now:    time.Unix(1_700_000_040, 0), // a minute starts
 	}
 }
 
 // take asks for units[i] of each policy given (nil: left out).
 func (r *eachRig) take(takes ...Taken) (Outcome, []Taken) {
 	r.t.Helper()
-	o, asked, err := TakeEach(context.Background(), takes, r.now, nil, r.stopOver)
+	o, asked, err := TakeEach(context.Background(), takes, r.now, nil, EachOptions{StopOver: r.stopOver})
 	if err != nil || asked != len(takes) {
 		r.t.Fatalf("TakeEach: %v, %d asked of %d", err, asked, len(takes))
 	}
@@ -176,4 +177,77 @@ func TestTakeEachStopWhenOver(t *testing.T) {
 	if o, _ := r.take(Taken{Policy: r.first, Key: "first", Limit: raised, Units: 1}); o != OverLimit {
 		t.Fatalf("5 of 4: %v", o)
 	}
+}
+
+// In hybrid mode the denied hits of a fixed window are charged summed:
+// the key's first at once, the next ones at most once per interval, the
+// rest by Flush (a reload); a window that ends forgives what it held.
+// (The hybrid limiter is a local one here: what is counted is the same.)
+func TestTakeEachDefersHybridCharges(t *testing.T) {
+	m := NewMetrics(nil)
+	table, _ := local.NewTable(100)
+	counting := &countingLimiter{Limiter: local.New(table)}
+	p, err := NewPolicy(config.Policy{Name: "h", Mode: config.ModeHybrid, Limit: 2, Window: time.Minute, Algorithm: config.FixedWindow},
+		Limiters{config.ModeHybrid: counting}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deferred := NewDeferredCharges(time.Second)
+	start := time.Unix(1_700_000_040, 0) // a minute starts
+	take := func(at time.Duration, l Limit) Outcome {
+		o, _, err := TakeEach(context.Background(), []Taken{{Policy: p, Key: "k", Limit: l, Units: 1}}, start.Add(at), nil, EachOptions{Deferred: deferred})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	for i := 0; i < 2; i++ {
+		take(0, p.FixedLimit())
+	}
+	counting.charges = 0
+	// 10 denied in the first half second: the first charged at once,
+	// 9 held.
+	for i := 0; i < 10; i++ {
+		if o := take(time.Duration(i)*50*time.Millisecond, p.FixedLimit()); o != OverLimit {
+			t.Fatalf("denied %d: %v", i, o)
+		}
+	}
+	if counting.charges != 1 || deferred.Pending() != 9 {
+		t.Fatalf("after 10 denied in 0.5s: %d charges, %d pending; want 1, 9", counting.charges, deferred.Pending())
+	}
+	// A second later, the next denied hit charges the 9 and itself.
+	take(1100*time.Millisecond, p.FixedLimit())
+	if counting.charges != 2 || deferred.Pending() != 0 {
+		t.Fatalf("a second later: %d charges, %d pending; want 2, 0", counting.charges, deferred.Pending())
+	}
+	take(1200*time.Millisecond, p.FixedLimit()) // held
+	if n := deferred.Flush(context.Background(), start.Add(1300*time.Millisecond)); n != 1 || deferred.Pending() != 0 {
+		t.Fatalf("flush: %d keys, %d pending", n, deferred.Pending())
+	}
+	// Counted: 2 + 10 + 1 + 1 = 14; at 15 one more fits, then none.
+	raised := p.NewLimit(15, time.Minute)
+	if o := take(1400*time.Millisecond, raised); o != OK {
+		t.Fatalf("at 15 of 15: %v", o)
+	}
+	if o := take(1500*time.Millisecond, raised); o != OverLimit {
+		t.Fatalf("at 16 of 15: %v", o)
+	}
+	// Held in a window that ended: forgotten, not charged into the next.
+	take(1600*time.Millisecond, raised) // held (the last charge was at 1.5s)
+	if n := deferred.Flush(context.Background(), start.Add(61*time.Second)); n != 0 {
+		t.Fatalf("flush in the next window charged %d keys", n)
+	}
+}
+
+// countingLimiter counts the charges made through it.
+type countingLimiter struct {
+	quota.Limiter
+	charges int
+}
+
+func (c *countingLimiter) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
+	if l.Charges(n) {
+		c.charges++
+	}
+	return c.Limiter.Take(ctx, key, l, n, now)
 }

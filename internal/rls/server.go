@@ -62,6 +62,9 @@ type Server struct {
 	current  atomic.Pointer[compiled]
 	budgets  budgets            // metric names made from requests, across configurations
 	anchor   *anchorstats.Stats // nil: envoyproxy/ratelimit's stats are not counted
+	// deferred holds the denied hits rls.counting: each charges in
+	// hybrid mode, summed per key; a reload charges what it holds.
+	deferred *engine.DeferredCharges
 }
 
 // Option configures a Server.
@@ -90,7 +93,8 @@ func WithMetrics(m *Metrics) Option { return func(s *Server) { s.own = m } }
 // Running's (Prepare).
 func New(running *engine.Running, rc *rlsconfig.Config, opts ...Option) (*Server, error) {
 	m := running.Metrics()
-	s := &Server{limiters: running.Limiters(), metrics: m, door: m.Door(Door), own: NewMetrics(nil)}
+	s := &Server{limiters: running.Limiters(), metrics: m, door: m.Door(Door), own: NewMetrics(nil),
+		deferred: engine.NewDeferredCharges(0)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -119,8 +123,29 @@ func (s *Server) Prepare(cfg *config.Config, rc *rlsconfig.Config) (commit func(
 	if err != nil {
 		return nil, err
 	}
-	return func() { s.current.Store(c) }, nil
+	return func() {
+		// The denied hits held for hybrid mode are charged before the
+		// new limits decide (a raised limit sees them), and again after
+		// for those denied meanwhile.
+		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		defer cancel()
+		s.deferred.Flush(ctx, s.instant())
+		s.current.Store(c)
+		s.deferred.Flush(ctx, s.instant())
+	}, nil
 }
+
+// instant is the decision instant now: the clock WithClock set, or the
+// time.
+func (s *Server) instant() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
+}
+
+// flushTimeout bounds the charges a reload makes of held denied hits.
+const flushTimeout = 2 * time.Second
 
 // Config returns the running descriptor configuration (nil: none).
 func (s *Server) Config() *rlsconfig.Config { return s.current.Load().rls }
@@ -337,7 +362,7 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 	switch c.cfg.RLS.Counting {
 	case config.CountingEach, config.CountingEachStopWhenOver:
 		a.each = true
-		outcome, asked, err = engine.TakeEach(ctx, a.takes, now, s.hold, c.cfg.RLS.Counting == config.CountingEachStopWhenOver)
+		outcome, asked, err = engine.TakeEach(ctx, a.takes, now, s.hold, engine.EachOptions{StopOver: c.cfg.RLS.Counting == config.CountingEachStopWhenOver, Deferred: s.deferred})
 	default:
 		outcome, asked, err = engine.TakeAll(ctx, a.takes, now, s.hold)
 	}
