@@ -186,6 +186,14 @@ func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, 
 		var d quota.Decision
 		charged := false
 		switch {
+		case t.Units > t.Limit.MaxCost() && opts.Deferred != nil && defers(t):
+			// The same in hybrid mode, where the charge waits with the
+			// key's other denied hits (a charge made now would also
+			// retire the key's lease): over until the window ends.
+			d = tooCostly(t.Limit)
+			w, ns := int64(t.Limit.Window), now.UnixNano()
+			d.RetryAfter = time.Duration(w - ns%w)
+			d.ResetAfter = d.RetryAfter
 		case t.Units > t.Limit.MaxCost() && charges(t.Limit.Algorithm):
 			// More than the limit at once: over, and counted (the
 			// anchor's INCRBY of it), in one call, the charge; its

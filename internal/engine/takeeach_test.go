@@ -237,6 +237,14 @@ func TestTakeEachDefersHybridCharges(t *testing.T) {
 	if n := deferred.Flush(context.Background(), start.Add(61*time.Second)); n != 0 {
 		t.Fatalf("flush in the next window charged %d keys", n)
 	}
+	// More than the limit at once: over until the window ends, and its
+	// hits charged as the key's other denied hits are (the first at once).
+	counting.charges = 0
+	takes := []Taken{{Policy: p, Key: "k2", Limit: p.FixedLimit(), Units: 3}}
+	o, _, err := TakeEach(context.Background(), takes, start.Add(10*time.Second), nil, EachOptions{Deferred: deferred})
+	if err != nil || o != OverLimit || takes[0].Decision.ResetAfter != 50*time.Second || counting.charges != 1 {
+		t.Fatalf("3 at once of 2: %v %v %+v, %d charges", o, err, takes[0].Decision, counting.charges)
+	}
 }
 
 // countingLimiter counts the charges made through it.
