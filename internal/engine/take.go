@@ -165,9 +165,8 @@ const (
 // redis mode a second Redis call; in hybrid mode the denial is usually
 // the lease's cached one, answered without Redis, so the charges of a
 // hybrid fixed window wait in opts.Deferred (when set), summed per key
-// and made at most once per its interval (DeferredCharges). The
-// algorithms that cannot charge (sliding log, leaky bucket) count a
-// denied take's units not at all. The outcome is TakeAll's; it returns
+// and made at most once per its interval (DeferredCharges). Only fixed
+// windows count a denied take's units (charges). The outcome is TakeAll's; it returns
 // len(takes) asked.
 func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, opts EachOptions) (Outcome, int, error) {
 	stopOver := opts.StopOver
@@ -309,11 +308,10 @@ type EachOptions struct {
 	Deferred *DeferredCharges
 }
 
-// charges reports whether algorithm a counts charges (quota.Limit.Overdraft).
-func charges(a quota.Algorithm) bool {
-	switch a {
-	case quota.TokenBucket, quota.FixedWindow, quota.SlidingWindow:
-		return true
-	}
-	return false
-}
+// charges reports whether TakeEach counts a denied take's hits under
+// algorithm a: the fixed window only, envoyproxy/ratelimit's counter,
+// whose end forgives what passed the limit. A token bucket would go
+// into debt without end under a flood faster than its refill, and the
+// other algorithms (set in extauthz's own configuration) have no such
+// counter: their denied takes count nothing.
+func charges(a quota.Algorithm) bool { return a == quota.FixedWindow }
