@@ -212,8 +212,11 @@ func TestRLSSection(t *testing.T) {
 	}
 	for _, v := range []string{CountingEach, CountingEachStopWhenOver, CountingAllOrNothing} {
 		c, err = Parse([]byte("rls: {counting: "+v+"}\n"), "x.yaml")
-		if err != nil || c.RLS.Counting != v {
-			t.Fatalf("counting %s: rls = %+v, %v", v, c.RLS, err)
+		if err != nil {
+			t.Fatalf("counting %s: %v", v, err)
+		}
+		if c.RLS.Counting != v {
+			t.Fatalf("counting %s: rls = %+v", v, c.RLS)
 		}
 	}
 	_, err = Parse([]byte("rls: {counting: anchor}\n"), "x.yaml")

@@ -131,32 +131,14 @@ func refund(ctx context.Context, takes []Taken, now time.Time) {
 	}
 }
 
-// Counting says how a request of several takes is counted (the rate limit
-// service's rls.counting).
-type Counting uint8
-
-// The ways of counting a request's takes.
-const (
-	// AllOrNothing is TakeAll: a request denied by one take spends
-	// nothing from the others, and a denied take counts nothing.
-	AllOrNothing Counting = iota
-	// Each is envoyproxy/ratelimit's counting (TakeEach): every take is
-	// counted, the denied ones included, and nothing is refunded.
-	Each
-	// EachStopOver is Each under the anchor's
-	// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: when a take is denied,
-	// only the denied takes are counted.
-	EachStopOver
-)
-
 // TakeEach decides one request's takes at now as envoyproxy/ratelimit
 // counts a RateLimitRequest's descriptors: every take is asked (a denial
 // does not stop the others), each decides on its own, and each counts
 // its units whether it was allowed or denied: a denied take's units are
 // charged after its denial (quota.Limit.Overdraft, the path of charge:
 // always), so its count passes the limit as the anchor's INCRBY does, and
-// a limit raised later sees them. Nothing is refunded. Under stopOver
-// (EachStopOver), when any take was denied (shadow ones included, as the
+// a limit raised later sees them. Nothing is refunded. Under
+// opts.StopOver (rls.counting: each_stop_when_over), when any take was denied (shadow ones included, as the
 // anchor's check is), the allowed takes are refunded (the anchor does not
 // increment them) and report the remaining they found before their own
 // units; the denied ones are still counted.
@@ -166,10 +148,9 @@ const (
 // the lease's cached one, answered without Redis, so the charges of a
 // hybrid fixed window wait in opts.Deferred (when set), summed per key
 // and made at most once per its interval (DeferredCharges). Only fixed
-// windows count a denied take's units (charges). The outcome is TakeAll's; it returns
-// len(takes) asked.
+// windows count a denied take's units (charges). The outcome is
+// TakeAll's; it returns len(takes) asked.
 func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, opts EachOptions) (Outcome, int, error) {
-	stopOver := opts.StopOver
 	ns := now.UnixNano()
 	anyDenied, enforcingDenied := false, false
 	for i := range takes {
@@ -190,7 +171,7 @@ func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, 
 			// key's other denied hits (a charge made now would also
 			// retire the key's lease): over until the window ends.
 			d = tooCostly(t.Limit)
-			w, ns := int64(t.Limit.Window), now.UnixNano()
+			w := int64(t.Limit.Window)
 			d.RetryAfter = time.Duration(w - ns%w)
 			d.ResetAfter = d.RetryAfter
 		case t.Units > t.Limit.MaxCost() && charges(t.Limit.Algorithm):
@@ -239,7 +220,7 @@ func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, 
 			chargeDenied(ctx, t, now, opts.Deferred)
 		}
 	}
-	if stopOver && anyDenied {
+	if opts.StopOver && anyDenied {
 		for i := range takes {
 			t := &takes[i]
 			if t.OK && t.Units > 0 && !t.Limit.Unlimited && !t.Limit.Charges(t.Units) {
@@ -300,8 +281,8 @@ func chargeDenied(ctx context.Context, t *Taken, now time.Time, deferred *Deferr
 
 // EachOptions are TakeEach's.
 type EachOptions struct {
-	// StopOver counts only the denied takes when one is
-	// (EachStopOver: STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+	// StopOver counts only the denied takes when one is (rls.counting:
+	// each_stop_when_over, STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
 	StopOver bool
 	// Deferred, when set, holds the denied hits of hybrid fixed windows
 	// to charge them summed (nil: each is charged at once).
