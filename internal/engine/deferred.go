@@ -10,10 +10,12 @@ import (
 )
 
 // DeferredCharges sums the hits of denied takes that TakeEach counts in
-// hybrid mode, so that a flood over one key is not a Redis call per
-// request: in hybrid mode a denied fixed-window take is usually the
-// lease's cached denial, answered without Redis, and charging its hits
-// one by one would make each an exact Redis call. Instead a key's denied
+// hybrid and redis mode, so that a flood over one key is not a Redis
+// call per request more than all or nothing makes: in hybrid mode a
+// denied fixed-window take is usually the lease's cached denial,
+// answered without Redis, and in redis mode it is one call already;
+// charging its hits one by one would add an exact Redis call to each.
+// Instead a key's denied
 // hits are charged at most once per Every, summed; the sum still
 // pending is charged by Flush (a reload, where a raised limit is the
 // one thing that reads those hits), and forgotten when its window ends
@@ -64,9 +66,12 @@ func NewDeferredCharges(every time.Duration) *DeferredCharges {
 	return &DeferredCharges{every: every, m: map[deferredKey]*deferredEntry{}}
 }
 
-// defers reports whether t's denied hits may wait in the table.
+// defers reports whether t's denied hits may wait in the table: a fixed
+// window aligned to the epoch in hybrid or redis mode (in local mode a
+// charge costs no call).
 func defers(t *Taken) bool {
-	return t.Policy.Mode == config.ModeHybrid && t.Limit.Algorithm == quota.FixedWindow && t.Limit.Calendar == nil && t.Limit.Window > 0
+	return (t.Policy.Mode == config.ModeHybrid || t.Policy.Mode == config.ModeRedis) &&
+		t.Limit.Algorithm == quota.FixedWindow && t.Limit.Calendar == nil && t.Limit.Window > 0
 }
 
 // add records t's denied hits at now and returns how many units to

@@ -143,11 +143,11 @@ func refund(ctx context.Context, takes []Taken, now time.Time) {
 // increment them) and report the remaining they found before their own
 // units; the denied ones are still counted.
 //
-// A denied take's count costs a second limiter call (the charge): in
-// redis mode a second Redis call; in hybrid mode the denial is usually
-// the lease's cached one, answered without Redis, so the charges of a
-// hybrid fixed window wait in opts.Deferred (when set), summed per key
-// and made at most once per its interval (DeferredCharges). Only fixed
+// A denied take's count is a limiter call of its own (the charge); in
+// redis and hybrid mode the charges of a fixed window wait in
+// opts.Deferred (when set), summed per key and made at most once per its
+// interval (DeferredCharges), so that an over-limit flood costs Redis
+// about what all or nothing costs it. Only fixed
 // windows count a denied take's units (charges). The outcome is
 // TakeAll's; it returns len(takes) asked.
 func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, opts EachOptions) (Outcome, int, error) {
@@ -166,7 +166,7 @@ func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, 
 		var d quota.Decision
 		charged := false
 		switch {
-		case t.Units > t.Limit.MaxCost() && opts.Deferred != nil && defers(t):
+		case t.Units > t.Limit.MaxCost() && opts.Deferred != nil && defers(t) && t.Policy.Mode == config.ModeHybrid:
 			// The same in hybrid mode, where the charge waits with the
 			// key's other denied hits (a charge made now would also
 			// retire the key's lease): over until the window ends.
