@@ -63,7 +63,8 @@ type Server struct {
 	budgets  budgets            // metric names made from requests, across configurations
 	anchor   *anchorstats.Stats // nil: envoyproxy/ratelimit's stats are not counted
 	// deferred holds the denied hits rls.counting: each charges in
-	// hybrid mode, summed per key; a reload charges what it holds.
+	// redis and hybrid mode, summed per key; a reload charges what it
+	// holds.
 	deferred *engine.DeferredCharges
 }
 
@@ -124,8 +125,8 @@ func (s *Server) Prepare(cfg *config.Config, rc *rlsconfig.Config) (commit func(
 		return nil, err
 	}
 	return func() {
-		// The denied hits held for hybrid mode are charged before the
-		// new limits decide (a raised limit sees them), and again after
+		// The denied hits held (redis and hybrid mode) are charged
+		// before the new limits decide (a raised limit sees them), and again after
 		// for those denied meanwhile.
 		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 		defer cancel()
