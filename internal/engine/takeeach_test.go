@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -247,15 +248,66 @@ func TestTakeEachDefersHybridCharges(t *testing.T) {
 	}
 }
 
-// countingLimiter counts the charges made through it.
+// countingLimiter counts the charges made through it, and their units.
 type countingLimiter struct {
 	quota.Limiter
+	mu      sync.Mutex
 	charges int
+	units   int64
 }
 
 func (c *countingLimiter) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
 	if l.Charges(n) {
+		c.mu.Lock()
 		c.charges++
+		c.units += n
+		c.mu.Unlock()
 	}
 	return c.Limiter.Take(ctx, key, l, n, now)
+}
+
+// Denied hits from many callers at once, with flushes among them: every
+// hit is charged once or still held, none lost or charged twice (run
+// under -race).
+func TestDeferredChargesConcurrent(t *testing.T) {
+	m := NewMetrics(nil)
+	table, _ := local.NewTable(100)
+	counting := &countingLimiter{Limiter: local.New(table)}
+	p, err := NewPolicy(config.Policy{Name: "h", Mode: config.ModeRedis, Limit: 1, Window: time.Hour, Algorithm: config.FixedWindow},
+		Limiters{config.ModeRedis: counting}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deferred := NewDeferredCharges(time.Millisecond)
+	start := time.Unix(1_700_002_800, 0) // an hour starts
+	keys := []string{"a", "b", "c", "d"}
+	for _, k := range keys { // each key at its limit
+		TakeEach(context.Background(), []Taken{{Policy: p, Key: k, Limit: p.FixedLimit(), Units: 1}}, start, nil, EachOptions{Deferred: deferred})
+	}
+	const workers, each = 8, 200
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				at := start.Add(time.Duration(i) * 100 * time.Microsecond)
+				o, _, err := TakeEach(context.Background(), []Taken{{Policy: p, Key: keys[(w+i)%len(keys)], Limit: p.FixedLimit(), Units: 1}}, at, nil, EachOptions{Deferred: deferred})
+				if err != nil || o != OverLimit {
+					t.Errorf("worker %d, take %d: %v %v", w, i, o, err)
+					return
+				}
+				if i%50 == 0 {
+					deferred.Flush(context.Background(), at)
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	counting.mu.Lock()
+	charged := counting.units
+	counting.mu.Unlock()
+	if got := charged + deferred.Pending(); got != workers*each {
+		t.Fatalf("%d charged + %d held = %d, want %d denied hits", charged, deferred.Pending(), got, workers*each)
+	}
 }
