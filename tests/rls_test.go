@@ -72,14 +72,25 @@ func seedRequest(alg, user string) func(int) *rlsv3.RateLimitRequest {
 // The seed scenario through descriptors, at the shipped defaults: three
 // replicas, 600 requests 60 at a time round robin, exactly the limit of
 // 100 admitted in redis and hybrid mode, for every counting algorithm
-// (fixed_window being what envoyproxy/ratelimit users have today).
+// (fixed_window being what envoyproxy/ratelimit users have today); and
+// again in hybrid mode under rls.counting: each (the anchor's counting,
+// the default as /bin/ratelimit): its denied requests' hits are charged
+// too, which only adds to the count, so exactly 100 still.
 func TestRLSSeedScenario(t *testing.T) {
 	parallel(t)
-	for _, mode := range []string{"redis", "hybrid"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, c := range []struct{ mode, counting string }{{"redis", ""}, {"hybrid", ""}, {"hybrid", "each"}} {
+		name := c.mode
+		if c.counting != "" {
+			name += " counting " + c.counting
+		}
+		t.Run(name, func(t *testing.T) {
+			mode := c.mode
 			srv := testredis.Start(t)
 			rdb := srv.Client()
 			section, _ := domainDir(t, map[string]string{"seed.yaml": seedDomain})
+			if c.counting != "" {
+				section = strings.Replace(section, "rls: {", "rls: {counting: "+c.counting+", ", 1)
+			}
 			replicas := startReplicas(t, 3, defaultsConfig(srv.Addr, mode, section))
 			for _, alg := range countingAlgorithms {
 				t.Run(alg, func(t *testing.T) { assertRLSSeedExact(t, replicas, rdb, alg) })

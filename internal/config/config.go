@@ -224,7 +224,21 @@ type RLS struct {
 	// LimitHeaders, when set, adds envoyproxy/ratelimit's three headers
 	// (LIMIT_RESPONSE_HEADERS_ENABLED) to every answer with a limit.
 	LimitHeaders *LimitHeaders
+	// Counting is how a request's descriptors are counted:
+	// CountingAllOrNothing (the default), CountingEach (envoyproxy/
+	// ratelimit's: every descriptor counts, the one over its limit
+	// included, nothing refunded) or CountingEachStopWhenOver (the
+	// anchor's under STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT). The
+	// anchor's environment (internal/rlsenv) sets CountingEach.
+	Counting string
 }
+
+// The choices of rls.counting.
+const (
+	CountingAllOrNothing     = "all_or_nothing"
+	CountingEach             = "each"
+	CountingEachStopWhenOver = "each_stop_when_over"
+)
 
 // LimitHeaders names envoyproxy/ratelimit's response headers.
 type LimitHeaders struct {

@@ -207,8 +207,21 @@ func TestRLSSection(t *testing.T) {
 		t.Fatalf("rls = %+v, %v; want a request that does not decode denied by default", c.RLS, err)
 	}
 	c, err = Parse([]byte("rls: {on_undecodable: allow}\n"), "x.yaml")
-	if err != nil || c.RLS.OnUndecodable != UndecodableAllow {
-		t.Fatalf("rls = %+v, %v", c.RLS, err)
+	if err != nil || c.RLS.OnUndecodable != UndecodableAllow || c.RLS.Counting != CountingAllOrNothing {
+		t.Fatalf("rls = %+v, %v; want all or nothing by default", c.RLS, err)
+	}
+	for _, v := range []string{CountingEach, CountingEachStopWhenOver, CountingAllOrNothing} {
+		c, err = Parse([]byte("rls: {counting: "+v+"}\n"), "x.yaml")
+		if err != nil {
+			t.Fatalf("counting %s: %v", v, err)
+		}
+		if c.RLS.Counting != v {
+			t.Fatalf("counting %s: rls = %+v", v, c.RLS)
+		}
+	}
+	_, err = Parse([]byte("rls: {counting: anchor}\n"), "x.yaml")
+	if err == nil || !strings.Contains(err.Error(), "rls.counting") || !strings.Contains(err.Error(), `"anchor" is not a way of counting`) {
+		t.Fatalf("counting: anchor: %v; want an error naming rls.counting", err)
 	}
 }
 

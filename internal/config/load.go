@@ -102,6 +102,7 @@ type rawRLS struct {
 	QuotaMode       bool          `yaml:"quota_mode"`
 	DynamicMetadata bool          `yaml:"dynamic_metadata"`
 	LimitHeaders    *LimitHeaders `yaml:"limit_headers"`
+	Counting        string        `yaml:"counting"`
 }
 
 type rawFallback struct {

@@ -18,6 +18,15 @@ func validateRLS(r *rawRLS, errs *Errors) RLS {
 	default:
 		errs.add("rls.on_undecodable", "%q is not an answer; choices are %s (OVER_LIMIT, the default), %s (OK)", r.OnUndecodable, UndecodableDeny, UndecodableAllow)
 	}
+	switch r.Counting {
+	case "":
+		c.Counting = CountingAllOrNothing
+	case CountingAllOrNothing, CountingEach, CountingEachStopWhenOver:
+		c.Counting = r.Counting
+	default:
+		errs.add("rls.counting", "%q is not a way of counting; choices are %s (the default: a request denied by one descriptor spends nothing from the others), %s (envoyproxy/ratelimit's: every descriptor counts, the one over its limit included), %s (as %s, but when a descriptor is over only the ones over count: the anchor's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT)",
+			r.Counting, CountingAllOrNothing, CountingEach, CountingEachStopWhenOver, CountingEach)
+	}
 	for i, d := range r.Domains {
 		if d == "" {
 			errs.add(fmt.Sprintf("rls.domains[%d]", i), "is empty; give a file or a directory of envoyproxy/ratelimit configurations")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/extauthz/extauthz/internal/config"
 	"github.com/extauthz/extauthz/internal/quota"
 )
 
@@ -129,3 +130,169 @@ func refund(ctx context.Context, takes []Taken, now time.Time) {
 		}
 	}
 }
+
+// TakeEach decides one request's takes at now as envoyproxy/ratelimit
+// counts a RateLimitRequest's descriptors: every take is asked (a denial
+// does not stop the others), each decides on its own, and each counts
+// its units whether it was allowed or denied: a denied take's units are
+// charged after its denial (quota.Limit.Overdraft, the path of charge:
+// always), so its count passes the limit as the anchor's INCRBY does, and
+// a limit raised later sees them. Nothing is refunded. Under
+// opts.StopOver (rls.counting: each_stop_when_over), when any take was denied (shadow ones included, as the
+// anchor's check is), the allowed takes are refunded (the anchor does not
+// increment them) and report the remaining they found before their own
+// units; the denied ones are still counted.
+//
+// A denied take's count is a limiter call of its own (the charge); in
+// redis and hybrid mode the charges of a fixed window wait in
+// opts.Deferred (when set), summed per key and made at most once per its
+// interval (DeferredCharges), so that an over-limit flood costs Redis
+// about what all or nothing costs it. Only fixed
+// windows count a denied take's units (charges). The outcome is
+// TakeAll's; it returns len(takes) asked.
+func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, opts EachOptions) (Outcome, int, error) {
+	ns := now.UnixNano()
+	anyDenied, enforcingDenied := false, false
+	for i := range takes {
+		t := &takes[i]
+		if t.Policy.top != nil {
+			t.Policy.top.Observe(t.Key, ns, t.Policy.usageAux(&t.Limit))
+		}
+		if t.Limit.Unlimited {
+			t.Decision, t.OK = quota.Decision{Allowed: true}, true
+			t.Policy.unlimited.Inc()
+			continue
+		}
+		var d quota.Decision
+		charged := false
+		switch {
+		case t.Units > t.Limit.MaxCost() && opts.Deferred != nil && defers(t) && t.Policy.Mode == config.ModeHybrid:
+			// The same in hybrid mode, where the charge waits with the
+			// key's other denied hits (a charge made now would also
+			// retire the key's lease): over until the window ends.
+			d = tooCostly(t.Limit)
+			w := int64(t.Limit.Window)
+			d.RetryAfter = time.Duration(w - ns%w)
+			d.ResetAfter = d.RetryAfter
+		case t.Units > t.Limit.MaxCost() && charges(t.Limit.Algorithm):
+			// More than the limit at once: over, and counted (the
+			// anchor's INCRBY of it), in one call, the charge; its
+			// decision says when the count resets.
+			l := t.Limit.Limit
+			l.Overdraft = true
+			var err error
+			d, err = t.Policy.limiter.Take(ctx, t.Key, l, t.Units, now)
+			if err != nil {
+				return Failed, i, fmt.Errorf("policy %s: %w", t.Policy.Name, err)
+			}
+			d.Allowed, d.Remaining, d.RetryAfter, charged = false, 0, max(d.RetryAfter, d.ResetAfter), true
+		case t.Units > t.Limit.MaxCost():
+			d = tooCostly(t.Limit)
+		default:
+			l, question := t.Limit.Limit, anchorQuestion(t)
+			if question {
+				l.Limit++ // see anchorQuestion
+			}
+			var err error
+			d, err = t.Policy.limiter.Take(ctx, t.Key, l, t.Units, now)
+			if err != nil {
+				return Failed, i, fmt.Errorf("policy %s: %w", t.Policy.Name, err)
+			}
+			if question {
+				d.Limit, d.Remaining = t.Limit.Limit.Limit, max(d.Remaining-1, 0)
+			}
+		}
+		t.Decision, t.OK = d, d.Allowed
+		if d.Degraded != quota.NotDegraded {
+			t.Policy.degraded[d.Degraded].Inc()
+		}
+		switch {
+		case d.Allowed:
+			t.Policy.allowed.Inc()
+		case t.Policy.Shadow:
+			t.Policy.shadowDenied.Inc()
+			anyDenied = true
+		default:
+			t.Policy.denied.Inc()
+			anyDenied, enforcingDenied = true, true
+		}
+		if !d.Allowed && !charged {
+			chargeDenied(ctx, t, now, opts.Deferred)
+		}
+	}
+	if opts.StopOver && anyDenied {
+		for i := range takes {
+			t := &takes[i]
+			if t.OK && t.Units > 0 && !t.Limit.Unlimited && !t.Limit.Charges(t.Units) {
+				if err := t.Policy.limiter.Refund(ctx, t.Key, t.Limit.Limit, t.Units, now); err == nil {
+					t.Policy.refunded.Inc()
+					t.Decision.Remaining = min(t.Decision.Remaining+t.Units, t.Limit.Limit.Limit)
+				}
+			}
+		}
+	}
+	if enforcingDenied {
+		if unavailable(takes) {
+			return Unavailable, len(takes), nil
+		}
+		return OverLimit, len(takes), nil
+	}
+	if hold == nil {
+		hold = sleepCtx
+	}
+	if err := holdAllowed(ctx, takes, now, hold); err != nil {
+		return Canceled, len(takes), err
+	}
+	return OK, len(takes), nil
+}
+
+// anchorQuestion reports whether t is a question (0 units) that TakeEach
+// asks under its limit plus one: envoyproxy/ratelimit answers a question
+// OK while the count is at most the limit (its INCRBY 0 finds the count
+// not over), where a question of our limiters asks whether one more unit
+// fits (the count below the limit). Asked under limit + 1, a fixed
+// window's question is allowed exactly while count <= limit, and its
+// remaining, less one, is limit - count, the anchor's. Only a fixed
+// window outside hybrid mode (where a lease sized by another limit would
+// be retired) is asked so; other questions keep our meaning.
+func anchorQuestion(t *Taken) bool {
+	return t.Units == 0 && t.Limit.Algorithm == quota.FixedWindow && t.Policy.Mode != config.ModeHybrid
+}
+
+// chargeDenied counts the units of a denied take t past its limit, as a
+// charge (the decision stays the denial). A take denied by
+// on_redis_error: deny is not charged (Redis is unreachable), nor is one
+// of an algorithm that cannot charge; one the fallback denied is charged
+// to the fallback, which owes it to Redis as it owes any charge.
+func chargeDenied(ctx context.Context, t *Taken, now time.Time, deferred *DeferredCharges) {
+	l := t.Limit.Limit
+	if t.Units <= 0 || t.Decision.Degraded == quota.DegradedDeny || !charges(l.Algorithm) {
+		return
+	}
+	n := t.Units
+	l.Overdraft = true
+	if deferred != nil && defers(t) {
+		if n, l = deferred.add(t, now); n == 0 {
+			return
+		}
+	}
+	_, _ = t.Policy.limiter.Take(ctx, t.Key, l, n, now) // a count lost with an unreachable store, as any take's
+}
+
+// EachOptions are TakeEach's.
+type EachOptions struct {
+	// StopOver counts only the denied takes when one is (rls.counting:
+	// each_stop_when_over, STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+	StopOver bool
+	// Deferred, when set, holds the denied hits of hybrid fixed windows
+	// to charge them summed (nil: each is charged at once).
+	Deferred *DeferredCharges
+}
+
+// charges reports whether TakeEach counts a denied take's hits under
+// algorithm a: the fixed window only, envoyproxy/ratelimit's counter,
+// whose end forgives what passed the limit. A token bucket would go
+// into debt without end under a flood faster than its refill, and the
+// other algorithms (set in extauthz's own configuration) have no such
+// counter: their denied takes count nothing.
+func charges(a quota.Algorithm) bool { return a == quota.FixedWindow }

@@ -77,7 +77,7 @@ func (c *compiled) respond(req *rlsv3.RateLimitRequest, a *answer, o engine.Outc
 				}
 			}
 			if t.OK {
-				st.LimitRemaining = uint32(min(max(remaining(t, o), 0), math.MaxUint32))
+				st.LimitRemaining = uint32(min(max(a.remaining(t, o), 0), math.MaxUint32))
 			}
 			st.CurrentLimit = a.current(sl, j)
 			reset := max(t.Decision.ResetAfter, 0)
@@ -233,8 +233,8 @@ func (a *answer) reported(sl *slot, o engine.Outcome) int {
 		switch {
 		case !t.OK:
 			return j
-		case remaining(t, o) < remaining(b, o),
-			remaining(t, o) == remaining(b, o) && t.Decision.ResetAfter > b.Decision.ResetAfter:
+		case a.remaining(t, o) < a.remaining(b, o),
+			a.remaining(t, o) == a.remaining(b, o) && t.Decision.ResetAfter > b.Decision.ResetAfter:
 			best = j
 		}
 	}
@@ -242,9 +242,11 @@ func (a *answer) reported(sl *slot, o engine.Outcome) int {
 }
 
 // remaining is what an allowed take leaves: when another take denied the
-// request, its hits were given back, so they remain.
-func remaining(t *engine.Taken, o engine.Outcome) int64 {
-	if o != engine.OK {
+// request, its hits were given back (all or nothing), so they remain;
+// counted each (rls.counting: each), they stay spent, and TakeEach
+// reports what a take it refunded (each_stop_when_over) leaves.
+func (a *answer) remaining(t *engine.Taken, o engine.Outcome) int64 {
+	if o != engine.OK && !a.each {
 		return min(t.Decision.Remaining+t.Units, t.Decision.Limit)
 	}
 	return t.Decision.Remaining

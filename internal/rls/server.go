@@ -7,7 +7,10 @@
 // the process's limiters (local, redis, hybrid, the fallback and the
 // breaker), and a request's descriptors are taken all or nothing by
 // engine.TakeAll. A request of several descriptors one of which is over
-// its limit spends nothing from the others.
+// its limit spends nothing from the others; under rls.counting: each (the
+// default in the anchor's environment, internal/rlsenv) they are counted
+// as envoyproxy/ratelimit counts them instead (engine.TakeEach): each on
+// its own, the one over its limit included.
 //
 // The matching rules are envoyproxy/ratelimit's (match.go); the answer
 // carries the status of every descriptor, and the RateLimit headers and
@@ -59,6 +62,10 @@ type Server struct {
 	current  atomic.Pointer[compiled]
 	budgets  budgets            // metric names made from requests, across configurations
 	anchor   *anchorstats.Stats // nil: envoyproxy/ratelimit's stats are not counted
+	// deferred holds the denied hits rls.counting: each charges in
+	// redis and hybrid mode, summed per key; a reload charges what it
+	// holds.
+	deferred *engine.DeferredCharges
 }
 
 // Option configures a Server.
@@ -87,7 +94,8 @@ func WithMetrics(m *Metrics) Option { return func(s *Server) { s.own = m } }
 // Running's (Prepare).
 func New(running *engine.Running, rc *rlsconfig.Config, opts ...Option) (*Server, error) {
 	m := running.Metrics()
-	s := &Server{limiters: running.Limiters(), metrics: m, door: m.Door(Door), own: NewMetrics(nil)}
+	s := &Server{limiters: running.Limiters(), metrics: m, door: m.Door(Door), own: NewMetrics(nil),
+		deferred: engine.NewDeferredCharges(0)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -116,8 +124,29 @@ func (s *Server) Prepare(cfg *config.Config, rc *rlsconfig.Config) (commit func(
 	if err != nil {
 		return nil, err
 	}
-	return func() { s.current.Store(c) }, nil
+	return func() {
+		// The denied hits held (redis and hybrid mode) are charged
+		// before the new limits decide (a raised limit sees them), and again after
+		// for those denied meanwhile.
+		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		defer cancel()
+		s.deferred.Flush(ctx, s.instant())
+		s.current.Store(c)
+		s.deferred.Flush(ctx, s.instant())
+	}, nil
 }
+
+// instant is the decision instant now: the clock WithClock set, or the
+// time.
+func (s *Server) instant() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
+}
+
+// flushTimeout bounds the charges a reload makes of held denied hits.
+const flushTimeout = 2 * time.Second
 
 // Config returns the running descriptor configuration (nil: none).
 func (s *Server) Config() *rlsconfig.Config { return s.current.Load().rls }
@@ -162,6 +191,7 @@ type answer struct {
 	takes   []engine.Taken
 	limits  []*limit // by take: the rate limit it counts for; nil for a limit Envoy sent
 	asked   int      // takes[:asked] were decided; TakeAll stops at a denial
+	each    bool     // counted by engine.TakeEach (rls.counting: each...): nothing refunded
 	slots   []slot   // by descriptor
 	takeBuf [2]engine.Taken
 	limBuf  [2]*limit
@@ -325,8 +355,18 @@ func (s *Server) decide(ctx context.Context, c *compiled, req *rlsv3.RateLimitRe
 		a.drop(replaced)
 	}
 
-	// 2. Take them all or none.
-	outcome, asked, err := engine.TakeAll(ctx, a.takes, now, s.hold)
+	// 2. Take them all or none (the default), or each as
+	// envoyproxy/ratelimit counts them (rls.counting).
+	var outcome engine.Outcome
+	var asked int
+	var err error
+	switch c.cfg.RLS.Counting {
+	case config.CountingEach, config.CountingEachStopWhenOver:
+		a.each = true
+		outcome, asked, err = engine.TakeEach(ctx, a.takes, now, s.hold, engine.EachOptions{StopOver: c.cfg.RLS.Counting == config.CountingEachStopWhenOver, Deferred: s.deferred})
+	default:
+		outcome, asked, err = engine.TakeAll(ctx, a.takes, now, s.hold)
+	}
 	a.asked = asked
 	if err != nil {
 		return nil, outcome, check.DecisionError(err, outcome, "rls: ")

@@ -29,8 +29,11 @@ func (e *Env) Config() (*config.Config, error) {
 	implied := map[string]any{
 		// Limits count in Redis when there is one, as the anchor's do.
 		"default_mode": "local",
-		// The anchor sends no headers unless asked (limit_headers).
-		"rls": map[string]any{"response_headers": false},
+		// The anchor sends no headers unless asked (limit_headers), and
+		// counts every descriptor of a request, the one over its limit
+		// included (rls.counting; STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
+		// counts only the ones over when one is).
+		"rls": map[string]any{"response_headers": false, "counting": e.counting()},
 	}
 	listen := map[string]any{"grpc": e.GRPCAddr, "admin": e.HTTPAddr}
 	if t := e.ServerTLS; t != nil {
@@ -146,6 +149,14 @@ var sources = map[string]string{
 	"listen": "HOST, PORT, GRPC_HOST, GRPC_PORT, GRPC_UDS, GRPC_SERVER_*",
 	"redis":  "REDIS_*, CACHE_KEY_PREFIX",
 	"rls":    "CONFIG_TYPE, RUNTIME_*, SHADOW_MODE, QUOTA_MODE, RESPONSE_DYNAMIC_METADATA, LIMIT_*",
+}
+
+// counting is the rls.counting the environment implies.
+func (e *Env) counting() string {
+	if e.StopIncrementWhenOver {
+		return config.CountingEachStopWhenOver
+	}
+	return config.CountingEach
 }
 
 // mergeInto adds src's settings to dst; a setting both have is an error.

@@ -97,6 +97,9 @@ type Env struct {
 	// The rate limit service's answers.
 	ShadowMode, QuotaMode, DynamicMetadata bool
 	LimitHeaders                           *LimitHeaders // nil: off
+	// StopIncrementWhenOver is STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT:
+	// rls.counting each_stop_when_over in place of each.
+	StopIncrementWhenOver bool
 
 	Prometheus *Prometheus // nil: USE_PROMETHEUS is off
 	Tracing    *Tracing    // nil: TRACING_ENABLED is off
@@ -523,7 +526,8 @@ func (r *reader) answers() {
 	if on {
 		e.LimitHeaders = lh
 	}
-	r.boolean("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false, "accepted: a request over the limit never counts in extauthz (all or nothing)")
+	e.StopIncrementWhenOver = r.boolean("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false,
+		"when a descriptor is over its limit, only the descriptors over count (rls.counting: each_stop_when_over; else each)")
 	r.integer("LOCAL_CACHE_SIZE_IN_BYTES", 0, "accepted: extauthz bounds its own tables (local.max_keys in EXTAUTHZ_OVERLAY)")
 	r.integer("EXPIRATION_JITTER_MAX_SECONDS", 300, "accepted: extauthz's keys expire with their window")
 }

@@ -1,8 +1,12 @@
 package rlsenv
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/extauthz/extauthz/internal/config"
 )
 
 func lookupOf(kv ...string) Lookup {
@@ -74,5 +78,36 @@ func TestErrorsNameTheVariable(t *testing.T) {
 func TestStatsdDefaultIsNotAnError(t *testing.T) {
 	if _, err := Read(lookupOf()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The anchor's environment counts each descriptor as the anchor does
+// (rls.counting: each); STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT makes it
+// each_stop_when_over; an overlay file may say otherwise.
+func TestCounting(t *testing.T) {
+	overlay := filepath.Join(t.TempDir(), "extauthz.yaml")
+	if err := os.WriteFile(overlay, []byte("rls: {counting: all_or_nothing}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		env  []string
+		want string
+	}{
+		{nil, config.CountingEach},
+		{[]string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"}, config.CountingEachStopWhenOver},
+		{[]string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false"}, config.CountingEach},
+		{[]string{OverlayVar + "=" + overlay}, config.CountingAllOrNothing},
+	} {
+		e, err := Read(lookupOf(append([]string{"USE_STATSD=false"}, c.env...)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := e.Config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.RLS.Counting != c.want {
+			t.Errorf("%v: rls.counting = %q, want %q", c.env, cfg.RLS.Counting, c.want)
+		}
 	}
 }
