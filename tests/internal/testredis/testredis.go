@@ -458,6 +458,28 @@ func (c *Cluster) KillMasterCounted(t testing.TB, i int) Replicated {
 	return killCounted(t, c.Masters[i].admin(), c.Masters[i])
 }
 
+// KillMasterReplicated kills master i once its first replica holds every
+// write it ran: writes are paused, the replica catches up, then the kill.
+// A failover from it loses nothing (CutReplication makes one that does).
+func (c *Cluster) KillMasterReplicated(t testing.TB, i int) Replicated {
+	t.Helper()
+	m, r := c.Masters[i].admin(), c.ReplicaOf(t, i).admin()
+	ctx := context.Background()
+	if err := m.Do(ctx, "CLIENT", "PAUSE", "10000", "WRITE").Err(); err != nil {
+		t.Fatalf("CLIENT PAUSE on the master: %v", err)
+	}
+	at := Replicated{Offset: infoInt(t, m, "replication", "master_repl_offset"), Scripts: scriptCalls(ctx, m)}
+	deadline := time.Now().Add(3 * time.Second)
+	for infoInt(t, r, "replication", "slave_repl_offset") < at.Offset {
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica did not reach the master's offset %d within 3s", at.Offset)
+		}
+		time.Sleep(time.Millisecond) // polling the replica's offset while writes are paused
+	}
+	c.Masters[i].Kill()
+	return at
+}
+
 // ReplicaOf returns master i's first replica.
 func (c *Cluster) ReplicaOf(t testing.TB, i int) *Server {
 	t.Helper()
