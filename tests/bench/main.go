@@ -76,6 +76,7 @@ func main() {
 	flag.BoolVar(&o.compare, "compare", false, "only the comparison with envoyproxy/ratelimit (make bench-compare)")
 	rlqs := flag.Bool("rlqs", false, "only the rate limit quota service row beside Check's (10 Envoys × 1,000 buckets)")
 	flag.Parse()
+	flag.Visit(func(f *flag.Flag) { o.measureSet = o.measureSet || f.Name == "measure" })
 	var err error
 	if *rlqs {
 		err = runRLQS()
@@ -97,6 +98,7 @@ type options struct {
 	steadyOnly         bool
 	rows               string
 	warmup, measure    time.Duration
+	measureSet         bool // -measure given: every row measures that long
 }
 
 const policy = `
