@@ -217,11 +217,7 @@ type lostRun struct {
 func runLostFailover(t *testing.T, f *sideBySide, gh, gr lostGroup, lostPhase func(*sideBySide) tallies, quiet bool) lostRun {
 	t.Helper()
 	begin := time.Now()
-	warm := f.drive(flushKeys*3, 8, 0, flushRequest)
-	if warm.hybrid != warm.hybridN || warm.redis != warm.redisN {
-		t.Fatalf("far from the limit, hybrid admitted %d of %d, redis mode %d of %d", warm.hybrid, warm.hybridN, warm.redis, warm.redisN)
-	}
-	waitBeats(t, f.hybrid, 2)
+	warm := f.warm(t)
 	leaseCalls := func() (calls, tokens float64) {
 		for _, s := range f.hybrid {
 			calls += s.metric("extauthz_redis_calls_total", "op", "lease", "result", "ok")

@@ -250,22 +250,28 @@ func evictAll(t *testing.T, policy string) func(*testredis.Server) {
 	}
 }
 
+// warm sends one request per key and replica (request i goes to replica
+// i%3 and key i%10: 30 requests make every pair once), far from the
+// limit: each hybrid replica leases a slice of every key. Then a
+// heartbeat confirms the state they were spent in (confirmed). It
+// returns what was admitted.
+func (f *sideBySide) warm(t *testing.T) tallies {
+	t.Helper()
+	warm := f.drive(flushKeys*3, 8, 0, flushRequest)
+	if warm.hybrid != warm.hybridN || warm.redis != warm.redisN {
+		t.Fatalf("far from the limit, hybrid admitted %d of %d, redis mode %d of %d", warm.hybrid, warm.hybridN, warm.redis, warm.redisN)
+	}
+	f.confirmed(t)
+	return warm
+}
+
 // confirmed waits until a heartbeat after what the hybrid replicas spent
 // so far has confirmed the state it was spent in: each replica reads the
 // epoch right after its heartbeat (op peers), so once two more heartbeats
 // went, the first one's read is done.
 func (f *sideBySide) confirmed(t *testing.T) {
 	t.Helper()
-	for _, s := range f.hybrid {
-		beats := s.metric("extauthz_redis_calls_total", "op", "peers", "result", "ok")
-		deadline := time.Now().Add(5 * time.Second)
-		for s.metric("extauthz_redis_calls_total", "op", "peers", "result", "ok") < beats+2 {
-			if time.Now().After(deadline) {
-				t.Fatalf("replica %s sent no two heartbeats within 5s", s.GRPC)
-			}
-			time.Sleep(20 * time.Millisecond) // heartbeats run once a second
-		}
-	}
+	waitBeats(t, f.hybrid, 2)
 }
 
 // Redis comes back from an older RDB: the replicas hold a slice of every
@@ -289,11 +295,7 @@ func TestForgetRestoredFromOlderRDB(t *testing.T) {
 		t.Skip("make test-faults")
 	}
 	f := startSideBySide(t, flushPolicy)
-	warm := f.drive(flushKeys*3, 8, 0, flushRequest)
-	if warm.hybrid != warm.hybridN || warm.redis != warm.redisN {
-		t.Fatalf("far from the limit, hybrid admitted %d of %d, redis mode %d of %d", warm.hybrid, warm.hybridN, warm.redis, warm.redisN)
-	}
-	f.confirmed(t)
+	f.warm(t)
 	f.both(func(s *testredis.Server) {
 		if err := s.Client().Save(context.Background()).Err(); err != nil {
 			t.Errorf("SAVE on %s: %v", s.Addr, err)
@@ -407,11 +409,7 @@ func TestForgetFlushWhileLeasesAreHeld(t *testing.T) {
 			// i%3 and key i%10: 30 requests make every pair once): each
 			// replica leases a slice of every key and holds all but one
 			// token of it when the fault comes.
-			warm := f.drive(flushKeys*3, 8, 0, flushRequest)
-			if warm.hybrid != warm.hybridN || warm.redis != warm.redisN {
-				t.Fatalf("far from the limit, hybrid admitted %d of %d, redis mode %d of %d", warm.hybrid, warm.hybridN, warm.redis, warm.redisN)
-			}
-			f.confirmed(t)
+			f.warm(t)
 			f.both(c.fault)
 			got := f.drive(0, 16, 4*time.Second, flushRequest)
 			// A key the fault did not touch holds at most a full bucket too.

@@ -41,12 +41,7 @@ func TakeAll(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (
 	ns := now.UnixNano()
 	for i := range takes {
 		t := &takes[i]
-		if t.Policy.top != nil { // the counters API's top keys (Check's policies)
-			t.Policy.top.Observe(t.Key, ns, t.Policy.usageAux(&t.Limit))
-		}
-		if t.Limit.Unlimited {
-			t.Decision, t.OK = quota.Decision{Allowed: true}, true
-			t.Policy.unlimited.Inc()
+		if t.unlimited(ns) {
 			continue
 		}
 		var d quota.Decision
@@ -66,17 +61,7 @@ func TakeAll(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (
 				return Failed, i, fmt.Errorf("policy %s: %w", t.Policy.Name, err)
 			}
 		}
-		t.Decision, t.OK = d, d.Allowed
-		if d.Degraded != quota.NotDegraded {
-			t.Policy.degraded[d.Degraded].Inc()
-		}
-		switch {
-		case d.Allowed:
-			t.Policy.allowed.Inc()
-		case t.Policy.Shadow:
-			t.Policy.shadowDenied.Inc()
-		default:
-			t.Policy.denied.Inc()
+		if t.record(d) == enforcedDenial {
 			denied = true
 		}
 		if denied {
@@ -85,12 +70,67 @@ func TakeAll(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (
 			chargeRest(ctx, takes[i+1:], now)
 			takes = takes[:i+1]
 			refund(ctx, takes, now)
-			if unavailable(takes) {
-				return Unavailable, len(takes), nil
-			}
-			return OverLimit, len(takes), nil
+			return deniedOutcome(takes)
 		}
 	}
+	return allowedOutcome(ctx, takes, now, hold)
+}
+
+// unlimited shows t to the counters API's top keys (Check's policies)
+// at ns and, when its limit is unlimited, allows it without asking and
+// reports true.
+func (t *Taken) unlimited(ns int64) bool {
+	if t.Policy.top != nil {
+		t.Policy.top.Observe(t.Key, ns, t.Policy.usageAux(&t.Limit))
+	}
+	if !t.Limit.Unlimited {
+		return false
+	}
+	t.Decision, t.OK = quota.Decision{Allowed: true}, true
+	t.Policy.unlimited.Inc()
+	return true
+}
+
+// takeResult is what a take's decision was to its request.
+type takeResult int
+
+const (
+	takeAllowed    takeResult = iota
+	shadowDenial              // denied under a shadow policy: counted, not enforced
+	enforcedDenial            // denied: the request is denied
+)
+
+// record keeps d as t's decision and counts it in t's policy's metrics.
+func (t *Taken) record(d quota.Decision) takeResult {
+	t.Decision, t.OK = d, d.Allowed
+	if d.Degraded != quota.NotDegraded {
+		t.Policy.degraded[d.Degraded].Inc()
+	}
+	switch {
+	case d.Allowed:
+		t.Policy.allowed.Inc()
+		return takeAllowed
+	case t.Policy.Shadow:
+		t.Policy.shadowDenied.Inc()
+		return shadowDenial
+	default:
+		t.Policy.denied.Inc()
+		return enforcedDenial
+	}
+}
+
+// deniedOutcome is how a request its takes denied ends: Unavailable when
+// every enforcing denial came from on_redis_error: deny, else OverLimit.
+func deniedOutcome(takes []Taken) (Outcome, int, error) {
+	if unavailable(takes) {
+		return Unavailable, len(takes), nil
+	}
+	return OverLimit, len(takes), nil
+}
+
+// allowedOutcome holds an allowed request for its takes' delays (hold;
+// nil: a timer) and ends it OK, or Canceled when the caller gave up.
+func allowedOutcome(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc) (Outcome, int, error) {
 	if hold == nil {
 		hold = sleepCtx
 	}
@@ -155,12 +195,7 @@ func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, 
 	anyDenied, enforcingDenied := false, false
 	for i := range takes {
 		t := &takes[i]
-		if t.Policy.top != nil {
-			t.Policy.top.Observe(t.Key, ns, t.Policy.usageAux(&t.Limit))
-		}
-		if t.Limit.Unlimited {
-			t.Decision, t.OK = quota.Decision{Allowed: true}, true
-			t.Policy.unlimited.Inc()
+		if t.unlimited(ns) {
 			continue
 		}
 		var d quota.Decision
@@ -202,18 +237,10 @@ func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, 
 				d.Limit, d.Remaining = t.Limit.Limit.Limit, max(d.Remaining-1, 0)
 			}
 		}
-		t.Decision, t.OK = d, d.Allowed
-		if d.Degraded != quota.NotDegraded {
-			t.Policy.degraded[d.Degraded].Inc()
-		}
-		switch {
-		case d.Allowed:
-			t.Policy.allowed.Inc()
-		case t.Policy.Shadow:
-			t.Policy.shadowDenied.Inc()
+		switch t.record(d) {
+		case shadowDenial:
 			anyDenied = true
-		default:
-			t.Policy.denied.Inc()
+		case enforcedDenial:
 			anyDenied, enforcingDenied = true, true
 		}
 		if !d.Allowed && !charged {
@@ -232,18 +259,9 @@ func TakeEach(ctx context.Context, takes []Taken, now time.Time, hold HoldFunc, 
 		}
 	}
 	if enforcingDenied {
-		if unavailable(takes) {
-			return Unavailable, len(takes), nil
-		}
-		return OverLimit, len(takes), nil
+		return deniedOutcome(takes)
 	}
-	if hold == nil {
-		hold = sleepCtx
-	}
-	if err := holdAllowed(ctx, takes, now, hold); err != nil {
-		return Canceled, len(takes), err
-	}
-	return OK, len(takes), nil
+	return allowedOutcome(ctx, takes, now, hold)
 }
 
 // anchorQuestion reports whether t is a question (0 units) that TakeEach
