@@ -232,12 +232,18 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 			continue
 		}
 		h.joined = true
-		for _, o := range st.srv.holders.set(h.key, h, h.demand) {
-			markStale(o)
-		}
+		moved := st.srv.holders.set(h.key, h, h.demand)
 		h.stale.Store(false)
 		if a := st.assign(ctx, h, now, cfg.AssignmentTTL); a != nil {
 			resp.BucketAction = append(resp.BucketAction, a)
+		}
+		// The other holders whose share moved are pushed new assignments
+		// once this one is decided: a bucket resized smaller gives its
+		// paid credit back to the count first (fresh), for them to take.
+		// (Pushed before, a holder whose demand rose found the count empty
+		// and waited for its next report.)
+		for _, o := range moved {
+			markStale(o)
 		}
 	}
 	return resp, nil
