@@ -185,14 +185,7 @@ func TestTakeEachStopWhenOver(t *testing.T) {
 // rest by Flush (a reload); a window that ends forgives what it held.
 // (The hybrid limiter is a local one here: what is counted is the same.)
 func TestTakeEachDefersHybridCharges(t *testing.T) {
-	m := NewMetrics(nil)
-	table, _ := local.NewTable(100)
-	counting := &countingLimiter{Limiter: local.New(table)}
-	p, err := NewPolicy(config.Policy{Name: "h", Mode: config.ModeHybrid, Limit: 2, Window: time.Minute, Algorithm: config.FixedWindow},
-		Limiters{config.ModeHybrid: counting}, m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, counting := countedWindowPolicy(t, config.ModeHybrid, 2, time.Minute)
 	deferred := NewDeferredCharges(time.Second)
 	start := time.Unix(1_700_000_040, 0) // a minute starts
 	take := func(at time.Duration, l Limit) Outcome {
@@ -270,14 +263,7 @@ func (c *countingLimiter) Take(ctx context.Context, key string, l quota.Limit, n
 // hit is charged once or still held, none lost or charged twice (run
 // under -race).
 func TestDeferredChargesConcurrent(t *testing.T) {
-	m := NewMetrics(nil)
-	table, _ := local.NewTable(100)
-	counting := &countingLimiter{Limiter: local.New(table)}
-	p, err := NewPolicy(config.Policy{Name: "h", Mode: config.ModeRedis, Limit: 1, Window: time.Hour, Algorithm: config.FixedWindow},
-		Limiters{config.ModeRedis: counting}, m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, counting := countedWindowPolicy(t, config.ModeRedis, 1, time.Hour)
 	deferred := NewDeferredCharges(time.Millisecond)
 	start := time.Unix(1_700_002_800, 0) // an hour starts
 	keys := []string{"a", "b", "c", "d"}
@@ -310,4 +296,18 @@ func TestDeferredChargesConcurrent(t *testing.T) {
 	if got := charged + deferred.Pending(); got != workers*each {
 		t.Fatalf("%d charged + %d held = %d, want %d denied hits", charged, deferred.Pending(), got, workers*each)
 	}
+}
+
+// countedWindowPolicy is a fixed-window policy "h" of limit per window in
+// mode, over a local limiter that counts its calls.
+func countedWindowPolicy(t *testing.T, mode config.Mode, limit int64, window time.Duration) (*Policy, *countingLimiter) {
+	t.Helper()
+	table, _ := local.NewTable(100)
+	counting := &countingLimiter{Limiter: local.New(table)}
+	p, err := NewPolicy(config.Policy{Name: "h", Mode: mode, Limit: limit, Window: window, Algorithm: config.FixedWindow},
+		Limiters{mode: counting}, NewMetrics(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, counting
 }

@@ -309,19 +309,9 @@ func (g *Sentinels) CutReplication(r *Server) Replicated {
 func cutReplication(t testing.TB, m, rc *redis.Client, addr string) Replicated {
 	t.Helper()
 	ctx := context.Background()
-	if err := m.Do(ctx, "CLIENT", "PAUSE", "5000", "WRITE").Err(); err != nil {
-		t.Fatalf("CLIENT PAUSE on the master: %v", err)
-	}
+	at := caughtUp(t, m, rc, addr, 5000)
 	defer m.Do(ctx, "CLIENT", "UNPAUSE")
-	at := Replicated{Offset: infoInt(t, m, "replication", "master_repl_offset")}
 	deadline := time.Now().Add(3 * time.Second)
-	for infoInt(t, rc, "replication", "slave_repl_offset") < at.Offset {
-		if time.Now().After(deadline) {
-			t.Fatalf("replica %s did not reach the master's offset %d within 3s", addr, at.Offset)
-		}
-		time.Sleep(time.Millisecond) // polling the replica's offset while writes are paused
-	}
-	at.Scripts = scriptCalls(ctx, m)
 	if err := rc.ConfigSet(ctx, "masterauth", "cut-by-test").Err(); err != nil {
 		t.Fatalf("CONFIG SET masterauth on the replica: %v", err)
 	}
@@ -333,6 +323,26 @@ func cutReplication(t testing.TB, m, rc *redis.Client, addr string) Replicated {
 			t.Fatalf("replica %s still linked to its master after CLIENT KILL", addr)
 		}
 		time.Sleep(time.Millisecond) // polling the replica's link
+	}
+	return at
+}
+
+// caughtUp pauses master m's writes for pauseMs (CLIENT PAUSE WRITE:
+// scripts wait, the replication stream stands still), waits until replica
+// rc (at addr) has applied the whole stream, and returns what m had run.
+func caughtUp(t testing.TB, m, rc *redis.Client, addr string, pauseMs int) Replicated {
+	t.Helper()
+	ctx := context.Background()
+	if err := m.Do(ctx, "CLIENT", "PAUSE", strconv.Itoa(pauseMs), "WRITE").Err(); err != nil {
+		t.Fatalf("CLIENT PAUSE on the master: %v", err)
+	}
+	at := Replicated{Offset: infoInt(t, m, "replication", "master_repl_offset"), Scripts: scriptCalls(ctx, m)}
+	deadline := time.Now().Add(3 * time.Second)
+	for infoInt(t, rc, "replication", "slave_repl_offset") < at.Offset {
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %s did not reach the master's offset %d within 3s", addr, at.Offset)
+		}
+		time.Sleep(time.Millisecond) // polling the replica's offset while writes are paused
 	}
 	return at
 }

@@ -463,19 +463,8 @@ func (c *Cluster) KillMasterCounted(t testing.TB, i int) Replicated {
 // A failover from it loses nothing (CutReplication makes one that does).
 func (c *Cluster) KillMasterReplicated(t testing.TB, i int) Replicated {
 	t.Helper()
-	m, r := c.Masters[i].admin(), c.ReplicaOf(t, i).admin()
-	ctx := context.Background()
-	if err := m.Do(ctx, "CLIENT", "PAUSE", "10000", "WRITE").Err(); err != nil {
-		t.Fatalf("CLIENT PAUSE on the master: %v", err)
-	}
-	at := Replicated{Offset: infoInt(t, m, "replication", "master_repl_offset"), Scripts: scriptCalls(ctx, m)}
-	deadline := time.Now().Add(3 * time.Second)
-	for infoInt(t, r, "replication", "slave_repl_offset") < at.Offset {
-		if time.Now().After(deadline) {
-			t.Fatalf("the replica did not reach the master's offset %d within 3s", at.Offset)
-		}
-		time.Sleep(time.Millisecond) // polling the replica's offset while writes are paused
-	}
+	r := c.ReplicaOf(t, i)
+	at := caughtUp(t, c.Masters[i].admin(), r.admin(), r.Addr, 10000)
 	c.Masters[i].Kill()
 	return at
 }
