@@ -30,15 +30,23 @@ run:
 # job's output appears whole when it ends. docs/architecture.md, "Test
 # lanes", has the times.
 test: redis-server redis-sentinel nginx lint
+	@rm -f $(E2E_TIMES)
 	$(MAKE) --no-print-directory test-e2e-serial
 	$(MAKE) --no-print-directory -j -O test-e2e-parallel test-packages test-deploy test-caddy fuzz
+	@echo "the ten slowest end-to-end tests (seconds; a parallel one's in its slot):"
+	@sort -k2 -rn $(E2E_TIMES) | head -10
 
 # tests/ in two groups (tests/harness_test.go): EXTAUTHZ_E2E_GROUP picks
 # one. Plain `go test ./tests/` runs both, the serial group first.
+# Each test's time is appended to E2E_TIMES (tests/harness_test.go,
+# TimesEnv).
+E2E_TIMES ?= $(CURDIR)/bin/e2e-times.txt
 test-e2e-serial:
-	EXTAUTHZ_E2E_GROUP=serial $(GO) test -race -count=1 -timeout 20m ./tests/
+	@mkdir -p $(dir $(E2E_TIMES))
+	EXTAUTHZ_E2E_GROUP=serial EXTAUTHZ_E2E_TIMES=$(E2E_TIMES) $(GO) test -race -count=1 -timeout 20m ./tests/
 test-e2e-parallel:
-	EXTAUTHZ_E2E_GROUP=parallel $(GO) test -race -count=1 -timeout 20m ./tests/
+	@mkdir -p $(dir $(E2E_TIMES))
+	EXTAUTHZ_E2E_GROUP=parallel EXTAUTHZ_E2E_TIMES=$(E2E_TIMES) $(GO) test -race -count=1 -timeout 20m ./tests/
 
 # Every package's tests but tests/'s, with the race detector: unit tests,
 # tests/quota against real redis-server, the tooling's own tests.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -46,6 +47,16 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 	setParallel()
+	// A binary built with the race detector sleeps a second before it
+	// exits, so that other goroutines may finish reporting a race: every
+	// replica a test stops cost it that second (about 40s of the serial
+	// group's 350s). A report is written when the race is found, and
+	// spawn's cleanup fails the test on one; the sleep only lets a race in
+	// a goroutine still running at exit be reported. The processes the
+	// tests start inherit this.
+	if os.Getenv("GORACE") == "" {
+		os.Setenv("GORACE", "atexit_sleep_ms=0")
+	}
 	dir, err := os.MkdirTemp("", "extauthz-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -79,6 +90,9 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	if err := timings.write(); err != nil {
+		fmt.Fprintln(os.Stderr, "writing the tests' times:", err)
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -133,6 +147,8 @@ func serial(t *testing.T, why string) {
 		t.Fatal("serial(t, why): say why the test needs the machine to itself")
 	}
 	onlyGroup(t, "serial")
+	began := time.Now()
+	t.Cleanup(func() { timings.add(t.Name(), "serial", time.Since(began)) })
 }
 
 // GroupEnv, when set to "serial" or "parallel", runs only that group's
@@ -183,9 +199,45 @@ func (s *testSlots) take(t *testing.T, long bool) {
 		t.Logf("waited %v for a slot", waited.Round(time.Millisecond))
 	}
 	t.Cleanup(func() {
-		t.Logf("ran %v in its slot", time.Since(started).Round(time.Millisecond))
+		ran := time.Since(started)
+		t.Logf("ran %v in its slot", ran.Round(time.Millisecond))
+		timings.add(t.Name(), "parallel", ran)
 		s.give()
 	})
+}
+
+// TimesEnv names a file to which each end-to-end test's time is appended
+// when the group ends, a line each: name, seconds, group (a parallel
+// test's time in its slot, after any wait for one). make test prints the
+// slowest from it.
+const TimesEnv = "EXTAUTHZ_E2E_TIMES"
+
+// timings are the times of this process's tests, for TimesEnv.
+var timings testTimes
+
+type testTimes struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (r *testTimes) add(name, group string, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lines = append(r.lines, fmt.Sprintf("%s %.1f %s\n", name, d.Seconds(), group))
+}
+
+// write appends the times to TimesEnv's file, when it names one.
+func (r *testTimes) write() error {
+	path := os.Getenv(TimesEnv)
+	if path == "" {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(strings.Join(r.lines, ""))
+	return errors.Join(err, f.Close())
 }
 
 // queue returns a channel closed when the caller has a slot: at once when
@@ -342,6 +394,11 @@ func spawn(t *testing.T, cmd *exec.Cmd, name string) (*sidecar, <-chan map[strin
 		}
 		running.terminate(t)
 		s.stop()
+		// The binary is built with the race detector: a race it found is
+		// this test's failure, whatever the test asserted.
+		if log := s.logs.String(); strings.Contains(log, "WARNING: DATA RACE") {
+			t.Errorf("%s (%s) reported a data race:\n%s", s.name, s.GRPC, raceReport(log))
+		}
 		if t.Failed() {
 			t.Logf("%s log (%s):\n%s", s.name, s.GRPC, tail(s.logs.String(), 40))
 		}
@@ -382,10 +439,10 @@ func (s *sidecar) await(ready <-chan map[string]any, creds credentials.Transport
 }
 
 // running holds the sidecars each test started, so that the first of
-// their cleanups sends every one of them SIGTERM at once. Each then
-// drains for the shipped drain delay (700ms) before it exits: stopped one
-// after another, as the cleanups run, three replicas spent over 2s of
-// every test that starts them in drains that overlap as well.
+// their cleanups sends every one of them SIGTERM at once and they stop
+// side by side: stopped one after another, as the cleanups run, each
+// stop waits for the last one's (a graceful stop, and before GORACE's
+// atexit_sleep_ms was set in TestMain, the race detector's second).
 var running = &testSidecars{m: map[*testing.T][]*sidecar{}}
 
 type testSidecars struct {
@@ -430,6 +487,16 @@ func (s *sidecar) stop() error {
 		s.cmd.Process.Kill()
 		return fmt.Errorf("%s did not stop within 15s", s.name)
 	}
+}
+
+// raceReport returns the race detector's first report in a process's log.
+func raceReport(log string) string {
+	i := strings.Index(log, "WARNING: DATA RACE")
+	r := log[i:]
+	if j := strings.Index(r, "=================="); j >= 0 {
+		r = r[:j]
+	}
+	return r
 }
 
 func tail(s string, n int) string {
