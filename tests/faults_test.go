@@ -113,6 +113,9 @@ type faultRun struct {
 	// (TestWindowUnderNetworkFaults).
 	admissions                []admission
 	faultAt, clearedAt, endAt time.Time
+	// decided are the calls answered 200 or 429, as admissions are: what
+	// one exact window per key fed the same calls admits (fedExact).
+	decided []admission
 }
 
 // admission is one call answered 200: when it was sent, the start of the
@@ -403,6 +406,7 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 				run.allowed++
 				run.admissions = append(run.admissions, admission{s.began, s.window, s.key})
 			}
+			run.decided = append(run.decided, admission{s.began, s.window, s.key})
 			lat = append(lat, s.latency)
 		}
 		slices.Sort(lat)

@@ -49,6 +49,10 @@ type Metrics struct {
 	// found fewer replicas holding them than asked: such a lease is not
 	// spent past the request that took it.
 	LeasesUnreplicated prometheus.Counter
+	// LateKept counts window units a call took in Redis after its
+	// decision stopped waiting for it, kept as the count of the request
+	// the fallback admitted (lateFate) rather than given back.
+	LateKept prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them with reg (none
@@ -109,6 +113,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: ns, Name: "hybrid_leases_unreplicated_total",
 			Help: "Hybrid leases that fewer replicas than redis.wait_replicas acknowledged within redis.wait_timeout: not spent past the request that took them.",
 		}),
+		LateKept: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "redis_late_units_kept_total",
+			Help: "Window units a Redis call took after its decision stopped waiting for it, kept as the count of the request the fallback admitted instead of given back.",
+		}),
 	}
 	// Series that exist from the start, so dashboards and alerts see 0
 	// rather than nothing.
@@ -120,7 +128,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Calls, m.Duration, m.Up, m.BreakerOpened, m.NodesDown, m.SlicesLeased, m.TokensLeased,
-			m.TokensReturned, m.LeaseWaits, m.Peers, m.StateLost, m.LeasesForgotten, m.LeasesUnreplicated)
+			m.TokensReturned, m.LeaseWaits, m.Peers, m.StateLost, m.LeasesForgotten, m.LeasesUnreplicated, m.LateKept)
 	}
 	return m
 }

@@ -103,8 +103,12 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		pctx, cancel = context.WithDeadline(ctx, dl.Add(-max(dl.Sub(now), 0)/10))
 		defer cancel()
 	}
+	var fate *lateFate
 	if countsWindow(l) {
 		pctx = withHold(pctx, r.hold(key, l, now))
+		fate = newLateFate()
+		defer fate.settle(0)
+		pctx = withLateFate(pctx, fate)
 	}
 	d, err := r.primary.Take(pctx, key, l, n, now)
 	if err == nil {
@@ -160,7 +164,15 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		// flight would be denied by a share emptied that instant, whatever
 		// the policy's rate.)
 		start = local.StartEmpty
-		if known := r.clock(); known.After(now) {
+		// A window's request is decided at its own instant, in the
+		// window its call was sent in, as Redis would have counted it:
+		// the call's take, when its reply comes late, stands as this
+		// admission's count (lateFate), and counted in that window it
+		// must be this admission's window too. (Decided when the failure
+		// is known, a call sent just before the window turned was counted
+		// in one window by Redis and admitted in the next by the
+		// fallback, on top of that one's limit.)
+		if known := r.clock(); known.After(now) && !window {
 			now = known
 		}
 	}
@@ -171,6 +183,11 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 	}
 	if d.Allowed && owesFallback(l) {
 		r.levels.OweUnder(key, l, n) // charged to the Redis bucket when it answers again
+	}
+	if window && ran && d.Allowed {
+		// A call that ran late took this admission's units in Redis:
+		// they stand (lateFate).
+		fate.settle(n)
 	}
 	if window && !ran {
 		// Redis counted none of what the replicas' fallbacks admit in

@@ -179,7 +179,8 @@ func (s *Store) decideHolding(ctx context.Context, partition string, l quota.Lim
 	// already served and stays.
 	var late func(v any)
 	if !l.Charges(units) {
-		late = func(v any) { s.undoWindowLate(partition, l, v) }
+		fate := lateFateFrom(ctx)
+		late = func(v any) { s.undoWindowLate(partition, l, v, fate) }
 	}
 	switch l.Algorithm {
 	case quota.FixedWindow:
@@ -208,8 +209,9 @@ func (s *Store) decideHolding(ctx context.Context, partition string, l quota.Lim
 // keeps them (a fixed window's count is gone by then; a sliding window's
 // previous count takes them back), and a later window is never credited
 // with units it did not count. A give-back that fails too is lost: the
-// replicas then admit less, never more.
-func (s *Store) undoWindowLate(partition string, l quota.Limit, v any) {
+// replicas then admit less, never more. The units of a request the
+// fallback admitted stay counted (lateFate): they are that admission's.
+func (s *Store) undoWindowLate(partition string, l quota.Limit, v any, fate *lateFate) {
 	r, ok := v.([]any)
 	if !ok || len(r) != 8 {
 		return
@@ -218,6 +220,13 @@ func (s *Store) undoWindowLate(partition string, l quota.Limit, v any) {
 	ws, _ := r[6].(int64)
 	if granted <= 0 {
 		return
+	}
+	if kept := fate.keep(granted); kept > 0 {
+		s.opts.Metrics.LateKept.Add(float64(kept))
+		granted -= kept
+		if granted <= 0 {
+			return
+		}
 	}
 	if s.giveBackWindow(context.Background(), partition, l, ws, granted) == nil {
 		s.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnLate)).Add(float64(granted))

@@ -589,7 +589,8 @@ func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit
 	if l.Algorithm == quota.SlidingWindow {
 		script, name = slidingWindowScript, "sliding_window"
 	}
-	late := func(v any) { s.undoWindowLate(partition, l, v) }
+	fate := lateFateFrom(ctx)
+	late := func(v any) { s.undoWindowLate(partition, l, v, fate) }
 	v, err := s.runLate(ctx, "lease", script, key, late, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), a.want, a.need, a.peers, a.retire.id, a.retire.unspent, "", blockMicros(l), hold.units, hold.start)
 	if err != nil {
 		return windowLease{}, err

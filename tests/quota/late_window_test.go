@@ -1,0 +1,113 @@
+package quota_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/local"
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
+)
+
+// A window's call that the decision stopped waiting for, on a slow link,
+// ran all the same, and the fallback admitted the request meanwhile: the
+// units the call took in Redis are that admission's count, and stay. Given
+// back (as they were), the admission was counted nowhere the other
+// replicas read, and the window admitted its limit besides it: a window
+// over its limit by one for each such decision (TestWindowUnderNetworkFaults
+// under 80ms ± 40ms, docs/reliability.md). So the window admits its limit
+// and not one more: the fallback's admission, then the rest from Redis.
+func TestLateWindowReplyCountsTheFallbacksAdmission(t *testing.T) {
+	for _, mode := range []string{"redis", "hybrid"} {
+		t.Run(mode, func(t *testing.T) { testLateWindowReply(t, mode) })
+	}
+}
+
+func testLateWindowReply(t *testing.T, mode string) {
+	// A pause ends at the server's next cron tick: at the default hz (10
+	// a second), the 120ms one below lasted up to 200ms, past the store's
+	// 150ms read timeout, and no reply came for the call to be late with.
+	// At hz 100 it ends within 10ms of its length.
+	srv := testredis.Start(t, "--hz", "100")
+	clients, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: []string{srv.Addr}, Name: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer clients.Close()
+	// The scripts' time is injected, a second into an hour's window: the
+	// fallback's part of the window (what the limit admits in the window
+	// left after the count became unknown) is the whole limit, whenever
+	// the test runs. The hour is the next one: a decision's deadline is
+	// real time, and Resilient keeps a tenth of what is left of it after
+	// the decision's instant, which must not be past.
+	clk := newClock()
+	clk.Advance(time.Now().Truncate(time.Hour).Add(time.Hour + time.Second).Sub(clk.Now()))
+	m := redisstore.NewMetrics(nil)
+	store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet, Clock: clk.Now}))
+	defer store.Close()
+	table := newTable(t)
+	counts, err := local.NewTable(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	primary, levels := quota.Limiter(redisstore.NewRedis(store, table)), redisstore.LevelSource(table)
+	if mode == "hybrid" {
+		h := redisstore.NewHybrid(table, store, fixedPeers(1), redisstore.HybridOptions{Metrics: m, Log: quiet, Now: clk.Now})
+		primary, levels = h, h
+	}
+	// One replica: its fallback's share is the whole window.
+	r := redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(1), store).WithClock(clk.Now)
+	const limit = 10
+	l := quota.Limit{Algorithm: quota.FixedWindow, Limit: limit, Window: time.Hour, OnError: quota.ErrorFallback}
+	ctx := context.Background()
+
+	// Another key first, so that Redis holds the script: a call held by
+	// the pause would otherwise be told NOSCRIPT and load it after the
+	// decision stopped waiting, which no reply of the first call follows.
+	if d, err := r.Take(ctx, "other", l, 1, clk.Now()); err != nil || !d.Allowed || d.Degraded != 0 {
+		t.Fatalf("with Redis healthy: %+v, %v", d, err)
+	}
+	admin := srv.Client()
+	defer admin.Close()
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", "120", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// 60ms of deadline: the call is given up within it, and the reply
+	// comes when the pause ends (TestLateReplyIsGivenBack).
+	late, cancel := context.WithTimeout(ctx, 60*time.Millisecond)
+	d, err := r.Take(late, "k", l, 1, clk.Now())
+	cancel()
+	if err != nil || !d.Allowed || d.Degraded != quota.DegradedFallback {
+		t.Fatalf("a call held by CLIENT PAUSE for 120ms, 60ms of deadline: %+v, %v; want admitted by the fallback", d, err)
+	}
+	// The reply arrives when the pause ends: wait for it (bounded), kept
+	// or given back.
+	returned := m.TokensReturned.WithLabelValues("late")
+	for deadline := time.Now().Add(2 * time.Second); testutil.ToFloat64(m.LateKept)+testutil.ToFloat64(returned) < 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("no late reply within 2s of a 120ms pause")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	admitted := 1
+	for range 2 * limit {
+		d, err := r.Take(ctx, "k", l, 1, clk.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Degraded != 0 {
+			t.Fatalf("with Redis healthy again: %+v", d)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != limit {
+		t.Fatalf("the window admitted %d (the fallback's 1, then %d from Redis; the late reply's units: %v kept, %v given back); want its limit, %d",
+			admitted, admitted-1, testutil.ToFloat64(m.LateKept), testutil.ToFloat64(returned), limit)
+	}
+}
