@@ -29,19 +29,9 @@ func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 	m := redisstore.NewMetrics(nil)
 	store := redisstore.NewStore(srv.Client(), redisstore.StoreOptions{Prefix: "rl:", Timeout: time.Second, Metrics: m, Log: quiet, Clock: clk.Now})
 	defer store.Close()
-	counts, err := local.NewTable(100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	table := newTable(t)
 	const peers = 3
-	primary, levels := quota.Limiter(redisstore.NewRedis(store, table)), redisstore.LevelSource(table)
-	if mode == "hybrid" {
-		// The defaults: the lease life sizes the slices (see below).
-		h := redisstore.NewHybrid(table, store, fixedPeers(peers), redisstore.HybridOptions{Metrics: m, Log: quiet, Now: clk.Now})
-		primary, levels = h, h // as cmd/extauthz wires it
-	}
-	r := redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(peers), store).WithClock(clk.Now)
+	// In hybrid, the defaults: the lease life sizes the slices (see below).
+	r := resilientStack(t, mode, store, m, clk, peers, redisstore.HybridOptions{})
 	l := quota.Limit{Limit: 90, Window: time.Minute, OnError: quota.ErrorFallback}
 	ctx := context.Background()
 
@@ -126,17 +116,7 @@ func testFallbackCharged(t *testing.T, mode string) {
 	m := redisstore.NewMetrics(nil)
 	store := redisstore.NewStore(srv.Client(sidecarClient), redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet, Clock: clk.Now, Probe: srv.Client(sidecarClient)})
 	defer store.Close()
-	counts, err := local.NewTable(100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	table := newTable(t)
-	primary, levels := quota.Limiter(redisstore.NewRedis(store, table)), redisstore.LevelSource(table)
-	if mode == "hybrid" {
-		h := redisstore.NewHybrid(table, store, fixedPeers(1), redisstore.HybridOptions{SliceIdle: time.Second, Metrics: m, Log: quiet, Now: clk.Now})
-		primary, levels = h, h
-	}
-	r := redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(1), store).WithClock(clk.Now)
+	r := resilientStack(t, mode, store, m, clk, 1, redisstore.HybridOptions{SliceIdle: time.Second})
 	l := quota.Limit{Limit: 20, Window: time.Hour, OnError: quota.ErrorFallback}
 	ctx := context.Background()
 	rdb := srv.Client()
@@ -203,4 +183,24 @@ func testFallbackCharged(t *testing.T, mode string) {
 	if want := before + 3 + granted; after < want-0.01 || after > want+0.01 {
 		t.Fatalf("Redis counts %.2f tokens in use; want %.0f (%.0f before, 3 admitted by fallback, %.0f granted)", after, want, before, granted)
 	}
+}
+
+// resilientStack is cmd/extauthz's stack over store in mode ("redis" or
+// "hybrid"): the mode's limiter behind Resilient, as many replicas as
+// peers, and clk for every clock. hopts are hybrid's options but for
+// its metrics, log and clock.
+func resilientStack(t *testing.T, mode string, store *redisstore.Store, m *redisstore.Metrics, clk *clock, peers int64, hopts redisstore.HybridOptions) *redisstore.Resilient {
+	t.Helper()
+	counts, err := local.NewTable(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := newTable(t)
+	primary, levels := quota.Limiter(redisstore.NewRedis(store, table)), redisstore.LevelSource(table)
+	if mode == "hybrid" {
+		hopts.Metrics, hopts.Log, hopts.Now = m, quiet, clk.Now
+		h := redisstore.NewHybrid(table, store, fixedPeers(peers), hopts)
+		primary, levels = h, h // as cmd/extauthz wires it
+	}
+	return redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(peers), store).WithClock(clk.Now)
 }

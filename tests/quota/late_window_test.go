@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/extauthz/extauthz/internal/quota"
-	"github.com/extauthz/extauthz/internal/quota/local"
 	"github.com/extauthz/extauthz/internal/quota/redisstore"
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
@@ -49,18 +48,8 @@ func testLateWindowReply(t *testing.T, mode string) {
 	m := redisstore.NewMetrics(nil)
 	store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet, Clock: clk.Now}))
 	defer store.Close()
-	table := newTable(t)
-	counts, err := local.NewTable(100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	primary, levels := quota.Limiter(redisstore.NewRedis(store, table)), redisstore.LevelSource(table)
-	if mode == "hybrid" {
-		h := redisstore.NewHybrid(table, store, fixedPeers(1), redisstore.HybridOptions{Metrics: m, Log: quiet, Now: clk.Now})
-		primary, levels = h, h
-	}
 	// One replica: its fallback's share is the whole window.
-	r := redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(1), store).WithClock(clk.Now)
+	r := resilientStack(t, mode, store, m, clk, 1, redisstore.HybridOptions{})
 	const limit = 10
 	l := quota.Limit{Algorithm: quota.FixedWindow, Limit: limit, Window: time.Hour, OnError: quota.ErrorFallback}
 	ctx := context.Background()
