@@ -100,3 +100,79 @@ func testLateWindowReply(t *testing.T, mode string) {
 			admitted, admitted-1, testutil.ToFloat64(m.LateKept), testutil.ToFloat64(returned), limit)
 	}
 }
+
+// The same with the window turning while the call is out: sent 10ms
+// before its window ends, failed once the next had begun. Redis counts
+// such a call in the window it was sent in, so the fallback decides it
+// there too (where 10ms of an hour's window leave none of the limit to
+// admit: denied, and the late take given back). Decided in the next
+// window instead, as it was, its admission came on top of that window's
+// limit, which Redis then admitted whole: 11 of 10.
+func TestLateWindowReplyAcrossTheWindowsTurn(t *testing.T) {
+	for _, mode := range []string{"redis", "hybrid"} {
+		t.Run(mode, func(t *testing.T) { testLateWindowReplyAcrossTheTurn(t, mode) })
+	}
+}
+
+func testLateWindowReplyAcrossTheTurn(t *testing.T, mode string) {
+	srv := testredis.Start(t, "--hz", "100") // see testLateWindowReply
+	clients, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: []string{srv.Addr}, Name: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer clients.Close()
+	// The scripts' clock 10ms before the next hour (see
+	// testLateWindowReply for why the next); the failure is known 20ms
+	// later by Resilient's clock, in the next window.
+	clk := newClock()
+	turn := time.Now().Truncate(time.Hour).Add(time.Hour)
+	clk.Advance(turn.Add(-10 * time.Millisecond).Sub(clk.Now()))
+	m := redisstore.NewMetrics(nil)
+	store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet, Clock: clk.Now}))
+	defer store.Close()
+	r := resilientStack(t, mode, store, m, clk, 1, redisstore.HybridOptions{})
+	r.WithClock(func() time.Time { return turn.Add(10 * time.Millisecond) })
+	const limit = 10
+	l := quota.Limit{Algorithm: quota.FixedWindow, Limit: limit, Window: time.Hour, OnError: quota.ErrorFallback}
+	ctx := context.Background()
+	if d, err := r.Take(ctx, "other", l, 1, clk.Now()); err != nil || !d.Allowed || d.Degraded != 0 {
+		t.Fatalf("with Redis healthy: %+v, %v", d, err)
+	}
+	admin := srv.Client()
+	defer admin.Close()
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", "120", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	late, cancel := context.WithTimeout(ctx, 60*time.Millisecond)
+	d, err := r.Take(late, "k", l, 1, clk.Now())
+	cancel()
+	if err != nil || d.Degraded != quota.DegradedFallback {
+		t.Fatalf("a call held by CLIENT PAUSE for 120ms, 60ms of deadline: %+v, %v; want decided by the fallback", d, err)
+	}
+	returned := m.TokensReturned.WithLabelValues("late")
+	for deadline := time.Now().Add(2 * time.Second); testutil.ToFloat64(m.LateKept)+testutil.ToFloat64(returned) < 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("no late reply within 2s of a 120ms pause")
+		}
+		time.Sleep(10 * time.Millisecond) // the reply arrives when the pause ends
+	}
+	// The next window, from Redis: with the fallback's decision if it
+	// was made there (its reset an hour away, not 10ms).
+	clk.Advance(20 * time.Millisecond)
+	inNext := 0
+	if d.Allowed && d.ResetAfter > 10*time.Millisecond {
+		inNext++
+	}
+	for range 2 * limit {
+		d, err := r.Take(ctx, "k", l, 1, clk.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			inNext++
+		}
+	}
+	if inNext != limit {
+		t.Fatalf("the window after the turn admitted %d (the fallback's decision: %+v); want its limit, %d", inNext, d, limit)
+	}
+}
