@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/local"
 	"github.com/extauthz/extauthz/internal/quota/redisstore"
 	"github.com/extauthz/extauthz/tests/internal/testredis"
 )
@@ -397,4 +398,31 @@ func TestHybridWindowLeaseLapsedUnitsComeBack(t *testing.T) {
 	if got, want := take(100), 47; got != want {
 		t.Fatalf("at 75s admitted %d, want ⌊100 − 70 × 45/60⌋ = %d", got, want)
 	}
+}
+
+// BenchmarkResilientHybridWindowSlice is BenchmarkHybridLeasedSlice for a
+// fixed window through Resilient, as a Check with a deadline reaches it:
+// what the wrapper adds to the hot path.
+func BenchmarkResilientHybridWindowSlice(b *testing.B) {
+	srv := testredis.Start(b)
+	m := redisstore.NewMetrics(nil)
+	store := redisstore.NewStore(srv.Client(), redisstore.StoreOptions{Prefix: "rl:", Timeout: time.Second, Metrics: m, Log: quiet})
+	defer store.Close()
+	table, _ := redisstore.NewTable(100_000)
+	h := redisstore.NewHybrid(table, store, fixedPeers(1), redisstore.HybridOptions{SliceIdle: time.Hour, Metrics: m, Log: quiet})
+	defer h.Close(context.Background())
+	counts, _ := local.NewTable(100)
+	r := redisstore.NewResilient(h, h, local.NewFallback(counts), fixedPeers(1), store)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	l := quota.Limit{Algorithm: quota.FixedWindow, Limit: 1 << 40, Window: time.Hour, OnError: quota.ErrorFallback}
+	now := time.Now()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if d, err := r.Take(ctx, "orders:client:ada", l, 1, now); err != nil || !d.Allowed {
+			b.Fatal(d, err)
+		}
+	}
+	b.ReportMetric(leaseCalls(m)/float64(b.N)*1000, "leases/1k")
 }

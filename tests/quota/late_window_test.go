@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/extauthz/extauthz/internal/quota"
@@ -22,82 +23,21 @@ import (
 // and not one more: the fallback's admission, then the rest from Redis.
 func TestLateWindowReplyCountsTheFallbacksAdmission(t *testing.T) {
 	for _, mode := range []string{"redis", "hybrid"} {
-		t.Run(mode, func(t *testing.T) { testLateWindowReply(t, mode) })
-	}
-}
-
-func testLateWindowReply(t *testing.T, mode string) {
-	// A pause ends at the server's next cron tick: at the default hz (10
-	// a second), the 120ms one below lasted up to 200ms, past the store's
-	// 150ms read timeout, and no reply came for the call to be late with.
-	// At hz 100 it ends within 10ms of its length.
-	srv := testredis.Start(t, "--hz", "100")
-	clients, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: []string{srv.Addr}, Name: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer clients.Close()
-	// The scripts' time is injected, a second into an hour's window: the
-	// fallback's part of the window (what the limit admits in the window
-	// left after the count became unknown) is the whole limit, whenever
-	// the test runs. The hour is the next one: a decision's deadline is
-	// real time, and Resilient keeps a tenth of what is left of it after
-	// the decision's instant, which must not be past.
-	clk := newClock()
-	clk.Advance(time.Now().Truncate(time.Hour).Add(time.Hour + time.Second).Sub(clk.Now()))
-	m := redisstore.NewMetrics(nil)
-	store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet, Clock: clk.Now}))
-	defer store.Close()
-	// One replica: its fallback's share is the whole window.
-	r := resilientStack(t, mode, store, m, clk, 1, redisstore.HybridOptions{})
-	const limit = 10
-	l := quota.Limit{Algorithm: quota.FixedWindow, Limit: limit, Window: time.Hour, OnError: quota.ErrorFallback}
-	ctx := context.Background()
-
-	// Another key first, so that Redis holds the script: a call held by
-	// the pause would otherwise be told NOSCRIPT and load it after the
-	// decision stopped waiting, which no reply of the first call follows.
-	if d, err := r.Take(ctx, "other", l, 1, clk.Now()); err != nil || !d.Allowed || d.Degraded != 0 {
-		t.Fatalf("with Redis healthy: %+v, %v", d, err)
-	}
-	admin := srv.Client()
-	defer admin.Close()
-	if err := admin.Do(ctx, "CLIENT", "PAUSE", "120", "WRITE").Err(); err != nil {
-		t.Fatal(err)
-	}
-	// 60ms of deadline: the call is given up within it, and the reply
-	// comes when the pause ends (TestLateReplyIsGivenBack).
-	late, cancel := context.WithTimeout(ctx, 60*time.Millisecond)
-	d, err := r.Take(late, "k", l, 1, clk.Now())
-	cancel()
-	if err != nil || !d.Allowed || d.Degraded != quota.DegradedFallback {
-		t.Fatalf("a call held by CLIENT PAUSE for 120ms, 60ms of deadline: %+v, %v; want admitted by the fallback", d, err)
-	}
-	// The reply arrives when the pause ends: wait for it (bounded), kept
-	// or given back.
-	returned := m.TokensReturned.WithLabelValues("late")
-	for deadline := time.Now().Add(2 * time.Second); testutil.ToFloat64(m.LateKept)+testutil.ToFloat64(returned) < 1; {
-		if time.Now().After(deadline) {
-			t.Fatal("no late reply within 2s of a 120ms pause")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	admitted := 1
-	for range 2 * limit {
-		d, err := r.Take(ctx, "k", l, 1, clk.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d.Degraded != 0 {
-			t.Fatalf("with Redis healthy again: %+v", d)
-		}
-		if d.Allowed {
-			admitted++
-		}
-	}
-	if admitted != limit {
-		t.Fatalf("the window admitted %d (the fallback's 1, then %d from Redis; the late reply's units: %v kept, %v given back); want its limit, %d",
-			admitted, admitted-1, testutil.ToFloat64(m.LateKept), testutil.ToFloat64(returned), limit)
+		t.Run(mode, func(t *testing.T) {
+			// A second into the hour's window: the fallback's part of the
+			// window (what the limit admits in the window left after the
+			// count became unknown) is the whole limit.
+			lw := startLateWindow(t, mode, time.Second)
+			d := lw.lateDecision(t)
+			if !d.Allowed {
+				t.Fatalf("the decision whose call came late: %+v; want admitted by the fallback", d)
+			}
+			admitted := 1 + lw.fromRedis(t)
+			if admitted != lateLimit {
+				t.Fatalf("the window admitted %d (the fallback's 1, then %d from Redis; the late reply's units: %v kept, %v given back); want its limit, %d",
+					admitted, admitted-1, testutil.ToFloat64(lw.m.LateKept), testutil.ToFloat64(lw.returned()), lateLimit)
+			}
+		})
 	}
 }
 
@@ -110,69 +50,121 @@ func testLateWindowReply(t *testing.T, mode string) {
 // limit, which Redis then admitted whole: 11 of 10.
 func TestLateWindowReplyAcrossTheWindowsTurn(t *testing.T) {
 	for _, mode := range []string{"redis", "hybrid"} {
-		t.Run(mode, func(t *testing.T) { testLateWindowReplyAcrossTheTurn(t, mode) })
+		t.Run(mode, func(t *testing.T) {
+			lw := startLateWindow(t, mode, -10*time.Millisecond)
+			// The failure is known 20ms later by Resilient's clock, in the
+			// next window.
+			turn := lw.clk.Now().Add(10 * time.Millisecond)
+			lw.r.WithClock(func() time.Time { return turn.Add(10 * time.Millisecond) })
+			d := lw.lateDecision(t)
+			// The next window, from Redis, with the fallback's decision if
+			// it was made there (its reset an hour away, not 10ms).
+			lw.clk.Advance(20 * time.Millisecond)
+			inNext := lw.fromRedis(t)
+			if d.Allowed && d.ResetAfter > 10*time.Millisecond {
+				inNext++
+			}
+			if inNext != lateLimit {
+				t.Fatalf("the window after the turn admitted %d (the fallback's decision: %+v); want its limit, %d", inNext, d, lateLimit)
+			}
+		})
 	}
 }
 
-func testLateWindowReplyAcrossTheTurn(t *testing.T, mode string) {
-	srv := testredis.Start(t, "--hz", "100") // see testLateWindowReply
+// lateLimit is the late-window tests' limit: per hour, a fixed window.
+const lateLimit = 10
+
+var lateWindowLimit = quota.Limit{Algorithm: quota.FixedWindow, Limit: lateLimit, Window: time.Hour, OnError: quota.ErrorFallback}
+
+// lateWindow is one replica's stack (redis or hybrid mode behind
+// Resilient) on a Redis that tests pause, with the scripts' clock.
+type lateWindow struct {
+	srv *testredis.Server
+	clk *clock
+	m   *redisstore.Metrics
+	r   *redisstore.Resilient
+}
+
+// startLateWindow starts it with the scripts' clock at the next hour plus
+// at. The hour is the next one: a decision's deadline is real time, and
+// Resilient keeps a tenth of what is left of it after the decision's
+// instant, which must not be past.
+func startLateWindow(t *testing.T, mode string, at time.Duration) *lateWindow {
+	t.Helper()
+	// A pause ends at the server's next cron tick: at the default hz (10
+	// a second), the 120ms one below lasted up to 200ms, past the store's
+	// 150ms read timeout, and no reply came for the call to be late with.
+	// At hz 100 it ends within 10ms of its length.
+	srv := testredis.Start(t, "--hz", "100")
 	clients, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: []string{srv.Addr}, Name: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer clients.Close()
-	// The scripts' clock 10ms before the next hour (see
-	// testLateWindowReply for why the next); the failure is known 20ms
-	// later by Resilient's clock, in the next window.
+	t.Cleanup(func() { clients.Close() })
 	clk := newClock()
-	turn := time.Now().Truncate(time.Hour).Add(time.Hour)
-	clk.Advance(turn.Add(-10 * time.Millisecond).Sub(clk.Now()))
+	clk.Advance(time.Now().Truncate(time.Hour).Add(time.Hour + at).Sub(clk.Now()))
 	m := redisstore.NewMetrics(nil)
 	store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet, Clock: clk.Now}))
-	defer store.Close()
-	r := resilientStack(t, mode, store, m, clk, 1, redisstore.HybridOptions{})
-	r.WithClock(func() time.Time { return turn.Add(10 * time.Millisecond) })
-	const limit = 10
-	l := quota.Limit{Algorithm: quota.FixedWindow, Limit: limit, Window: time.Hour, OnError: quota.ErrorFallback}
-	ctx := context.Background()
-	if d, err := r.Take(ctx, "other", l, 1, clk.Now()); err != nil || !d.Allowed || d.Degraded != 0 {
+	t.Cleanup(store.Close)
+	// One replica: its fallback's share is the whole window.
+	lw := &lateWindow{srv: srv, clk: clk, m: m, r: resilientStack(t, mode, store, m, clk, 1, redisstore.HybridOptions{})}
+	// Another key first, so that Redis holds the script: a call held by
+	// the pause would otherwise be told NOSCRIPT and load it after the
+	// decision stopped waiting, which no reply of the first call follows.
+	if d, err := lw.r.Take(context.Background(), "other", lateWindowLimit, 1, clk.Now()); err != nil || !d.Allowed || d.Degraded != 0 {
 		t.Fatalf("with Redis healthy: %+v, %v", d, err)
 	}
-	admin := srv.Client()
+	return lw
+}
+
+// lateDecision decides key k while Redis holds every script for 120ms,
+// with 60ms of deadline: the call is given up within it and the fallback
+// decides; the reply comes when the pause ends (TestLateReplyIsGivenBack),
+// and lateDecision waits for it (bounded), kept or given back.
+func (lw *lateWindow) lateDecision(t *testing.T) quota.Decision {
+	t.Helper()
+	ctx := context.Background()
+	admin := lw.srv.Client()
 	defer admin.Close()
 	if err := admin.Do(ctx, "CLIENT", "PAUSE", "120", "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
 	late, cancel := context.WithTimeout(ctx, 60*time.Millisecond)
-	d, err := r.Take(late, "k", l, 1, clk.Now())
+	d, err := lw.r.Take(late, "k", lateWindowLimit, 1, lw.clk.Now())
 	cancel()
 	if err != nil || d.Degraded != quota.DegradedFallback {
 		t.Fatalf("a call held by CLIENT PAUSE for 120ms, 60ms of deadline: %+v, %v; want decided by the fallback", d, err)
 	}
-	returned := m.TokensReturned.WithLabelValues("late")
-	for deadline := time.Now().Add(2 * time.Second); testutil.ToFloat64(m.LateKept)+testutil.ToFloat64(returned) < 1; {
+	for deadline := time.Now().Add(2 * time.Second); testutil.ToFloat64(lw.m.LateKept)+testutil.ToFloat64(lw.returned()) < 1; {
 		if time.Now().After(deadline) {
 			t.Fatal("no late reply within 2s of a 120ms pause")
 		}
 		time.Sleep(10 * time.Millisecond) // the reply arrives when the pause ends
 	}
-	// The next window, from Redis: with the fallback's decision if it
-	// was made there (its reset an hour away, not 10ms).
-	clk.Advance(20 * time.Millisecond)
-	inNext := 0
-	if d.Allowed && d.ResetAfter > 10*time.Millisecond {
-		inNext++
-	}
-	for range 2 * limit {
-		d, err := r.Take(ctx, "k", l, 1, clk.Now())
+	return d
+}
+
+// returned counts the units given back after late replies.
+func (lw *lateWindow) returned() prometheus.Counter {
+	return lw.m.TokensReturned.WithLabelValues("late")
+}
+
+// fromRedis asks for k twice the limit with Redis healthy and returns how
+// many were admitted.
+func (lw *lateWindow) fromRedis(t *testing.T) int {
+	t.Helper()
+	admitted := 0
+	for range 2 * lateLimit {
+		d, err := lw.r.Take(context.Background(), "k", lateWindowLimit, 1, lw.clk.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
+		if d.Degraded != 0 {
+			t.Fatalf("with Redis healthy again: %+v", d)
+		}
 		if d.Allowed {
-			inNext++
+			admitted++
 		}
 	}
-	if inNext != limit {
-		t.Fatalf("the window after the turn admitted %d (the fallback's decision: %+v); want its limit, %d", inNext, d, limit)
-	}
+	return admitted
 }

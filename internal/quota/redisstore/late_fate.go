@@ -1,9 +1,10 @@
 package redisstore
 
 import (
-	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // lateFate tells a window call's late reply what became of the request
@@ -18,6 +19,11 @@ import (
 // besides it (a window over its limit by one for each such admission,
 // under a link's latency near the call timeout: docs/reliability.md).
 //
+// Store.runCall makes one only when its caller stops waiting for a call
+// that has a late handler, and returns it in the call's error
+// (abandonedCall); Resilient.Take settles it with its decision. Nothing
+// is made on the path where Redis answers in time.
+//
 // A fallback admission whose call never ran, or ran and was refused, is
 // counted as before: held out of this replica's room (Table.FellBack)
 // when the replica knew Redis out of reach, not at all when the call may
@@ -29,11 +35,16 @@ type lateFate struct {
 	claimed  atomic.Bool
 }
 
+// lateFateWait bounds how long a late reply waits for its decision: far
+// longer than any decision (they end within their caller's deadline), so
+// that a fate nobody settles (a call made outside Resilient) gives back,
+// as before there were fates.
+const lateFateWait = 2 * time.Second
+
 func newLateFate() *lateFate { return &lateFate{settled: make(chan struct{})} }
 
 // settle records that the decision admitted units by its fallback (0:
-// it did not, or it was not the fallback's). Only the first call counts;
-// Resilient.Take settles every fate it made before it returns.
+// it did not, or it was not the fallback's). Only the first call counts.
 func (f *lateFate) settle(units int64) {
 	f.once.Do(func() {
 		f.admitted = units
@@ -42,31 +53,44 @@ func (f *lateFate) settle(units int64) {
 }
 
 // keep returns how many of the units a late reply's call took stand as
-// the fallback's admission, waiting for the decision to be made: the
-// admission's units, to the first late reply whose call took them all (a
-// decision may have made two calls, both late: only one take stands),
-// else none. A nil fate (a call made without Resilient) keeps nothing.
+// the fallback's admission, waiting for the decision (lateFateWait at
+// most): the admission's units, to the first late reply whose call took
+// them all (a decision may have made two calls, both late: only one take
+// stands), else none. A nil fate keeps nothing.
 func (f *lateFate) keep(took int64) int64 {
 	if f == nil {
 		return 0
 	}
-	<-f.settled
+	select {
+	case <-f.settled:
+	case <-time.After(lateFateWait):
+		return 0
+	}
 	if f.admitted <= 0 || took < f.admitted || !f.claimed.CompareAndSwap(false, true) {
 		return 0
 	}
 	return f.admitted
 }
 
-type lateFateKey struct{}
+// lateFunc handles the reply of a call its caller stopped waiting for,
+// with the call's fate (nil when none was made).
+type lateFunc func(v any, fate *lateFate)
 
-// withLateFate carries a decision's fate to its window calls across
-// quota.Limiter.
-func withLateFate(ctx context.Context, f *lateFate) context.Context {
-	return context.WithValue(ctx, lateFateKey{}, f)
+// abandonedCall is the error of a call its caller stopped waiting for,
+// with the fate its late reply, if one comes, will ask for.
+type abandonedCall struct {
+	err  error
+	fate *lateFate
 }
 
-// lateFateFrom is the fate Resilient put in ctx; nil when it put none.
-func lateFateFrom(ctx context.Context) *lateFate {
-	f, _ := ctx.Value(lateFateKey{}).(*lateFate)
-	return f
+func (e *abandonedCall) Error() string { return e.err.Error() }
+func (e *abandonedCall) Unwrap() error { return e.err }
+
+// fateOf is the fate in err, when err is an abandoned call's; nil else.
+func fateOf(err error) *lateFate {
+	var a *abandonedCall
+	if errors.As(err, &a) {
+		return a.fate
+	}
+	return nil
 }

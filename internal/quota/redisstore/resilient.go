@@ -103,17 +103,26 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		pctx, cancel = context.WithDeadline(ctx, dl.Add(-max(dl.Sub(now), 0)/10))
 		defer cancel()
 	}
-	var fate *lateFate
 	if countsWindow(l) {
 		pctx = withHold(pctx, r.hold(key, l, now))
-		fate = newLateFate()
-		defer fate.settle(0)
-		pctx = withLateFate(pctx, fate)
 	}
 	d, err := r.primary.Take(pctx, key, l, n, now)
 	if err == nil {
 		return d, nil
 	}
+	// The fates of the calls this decision stopped waiting for (two at
+	// most: a second call below), settled with the decision: a late reply
+	// may stand as the fallback's admission (lateFate).
+	fates := [2]*lateFate{fateOf(err)}
+	admitted := int64(0)
+	defer func() {
+		for _, f := range fates {
+			if f != nil {
+				f.settle(admitted)
+				admitted = 0 // one take stands for the admission
+			}
+		}
+	}()
 	down := errors.Is(err, ErrStoreDown)
 	if ctxErr := ctx.Err(); ctxErr != nil && !down {
 		return quota.Decision{}, ctxErr // the caller gave up; nobody will read a decision
@@ -131,9 +140,12 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		// arrives before the caller's: after a first call that ran into
 		// its share of the deadline, nothing is asked again.
 		if down = r.breaker.AwaitVerdict(pctx, key); !down && pctx.Err() == nil {
-			if d, err2 := r.primary.Take(pctx, key, l, n, now); err2 == nil {
+			d, err2 := r.primary.Take(pctx, key, l, n, now)
+			if err2 == nil {
 				return d, nil
-			} else if errors.Is(err2, ErrStoreDown) {
+			}
+			fates[1] = fateOf(err2)
+			if errors.Is(err2, ErrStoreDown) {
 				down = true
 			}
 		}
@@ -185,9 +197,7 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		r.levels.OweUnder(key, l, n) // charged to the Redis bucket when it answers again
 	}
 	if window && ran && d.Allowed {
-		// A call that ran late took this admission's units in Redis:
-		// they stand (lateFate).
-		fate.settle(n)
+		admitted = n // a call that ran late took these units: they stand
 	}
 	if window && !ran {
 		// Redis counted none of what the replicas' fallbacks admit in

@@ -177,10 +177,9 @@ func (s *Store) decideHolding(ctx context.Context, partition string, l quota.Lim
 	// A window call whose reply comes after the decision stopped waiting
 	// gives back what it took (undoWindowLate); a charge records units
 	// already served and stays.
-	var late func(v any)
+	var late lateFunc
 	if !l.Charges(units) {
-		fate := lateFateFrom(ctx)
-		late = func(v any) { s.undoWindowLate(partition, l, v, fate) }
+		late = func(v any, fate *lateFate) { s.undoWindowLate(partition, l, v, fate) }
 	}
 	switch l.Algorithm {
 	case quota.FixedWindow:

@@ -253,7 +253,7 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 // context says, so a reply slower than the call's timeout but within the
 // connection's read timeout is read all the same: a slow link answers
 // most abandoned calls this way.
-func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, keys []string, late func(v any), args ...any) (any, error) {
+func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, keys []string, late lateFunc, args ...any) (any, error) {
 	return s.runCall(ctx, op, keys[0], func(ctx context.Context) (any, error) {
 		return script.Run(ctx, s.rdb, keys, args...).Result()
 	}, late)
@@ -261,7 +261,7 @@ func (s *Store) runLate(ctx context.Context, op string, script *redis.Script, ke
 
 // runCall is runLate for any call on key's node: call runs with the
 // call's deadline.
-func (s *Store) runCall(ctx context.Context, op string, key string, call func(context.Context) (any, error), late func(v any)) (any, error) {
+func (s *Store) runCall(ctx context.Context, op string, key string, call func(context.Context) (any, error), late lateFunc) (any, error) {
 	n := s.breaker.NodeFor(ctx, key)
 	o := n.Outage()
 	if n.Down() {
@@ -283,6 +283,9 @@ func (s *Store) runCall(ctx context.Context, op string, key string, call func(co
 	// fate settles who has the reply: the decision (callAnswered) or,
 	// once it stopped waiting (callAbandoned), late.
 	var fate atomic.Int32
+	// lf is made when the decision stops waiting, before it says so
+	// (fate), for the late reply and the decision's caller (lateFate).
+	var lf *lateFate
 	n.Begin(start.UnixNano())
 	go func() {
 		v, err := call(callCtx)
@@ -296,7 +299,7 @@ func (s *Store) runCall(ctx context.Context, op string, key string, call func(co
 			return
 		}
 		if err == nil && late != nil {
-			late(v)
+			late(v, lf)
 		}
 	}()
 	var v any
@@ -310,10 +313,15 @@ func (s *Store) runCall(ctx context.Context, op string, key string, call func(co
 	case <-callCtx.Done():
 		err = callCtx.Err()
 	}
-	if !answered && !fate.CompareAndSwap(callPending, callAbandoned) {
-		// The reply came as the wait ended: it is the decision's.
-		r := <-res
-		v, err = r.v, r.err
+	if !answered {
+		if late != nil {
+			lf = newLateFate()
+		}
+		if !fate.CompareAndSwap(callPending, callAbandoned) {
+			// The reply came as the wait ended: it is the decision's.
+			r := <-res
+			v, err, lf = r.v, r.err, nil
+		}
 	}
 	done := time.Now()
 	s.opts.Metrics.Duration.WithLabelValues(op).Observe(done.Sub(start).Seconds())
@@ -335,6 +343,9 @@ func (s *Store) runCall(ctx context.Context, op string, key string, call func(co
 		s.breaker.Suspect(n, err)
 	}
 	tracing.RedisCall(ctx, op, start, done, err) // a child of the Check's span, when one records
+	if lf != nil {
+		err = &abandonedCall{err: err, fate: lf}
+	}
 	return v, err
 }
 
@@ -420,9 +431,9 @@ func (s *Store) retireKeys(partition string, h held) []string {
 // under l, or none when fewer than need remain (want 0, need 1 asks
 // without taking), after charging a.debt and retiring a.retire.
 func (s *Store) lease(ctx context.Context, partition string, l quota.Limit, a leaseAsk) (bucketGrant, error) {
-	var late func(v any)
+	var late lateFunc
 	if !a.charge {
-		late = func(v any) { s.undoLate(partition, a, v) }
+		late = func(v any, _ *lateFate) { s.undoLate(partition, a, v) }
 	}
 	keys := s.retireKeys(partition, a.retire)
 	args := []any{intervalMicros(l), l.Capacity(), a.want, a.need, s.nowArg(time.Microsecond), a.debt,
@@ -589,8 +600,7 @@ func (s *Store) leaseWindow(ctx context.Context, partition string, l quota.Limit
 	if l.Algorithm == quota.SlidingWindow {
 		script, name = slidingWindowScript, "sliding_window"
 	}
-	fate := lateFateFrom(ctx)
-	late := func(v any) { s.undoWindowLate(partition, l, v, fate) }
+	late := func(v any, fate *lateFate) { s.undoWindowLate(partition, l, v, fate) }
 	v, err := s.runLate(ctx, "lease", script, key, late, windowMicros(l), l.Limit, s.nowArg(time.Microsecond), a.want, a.need, a.peers, a.retire.id, a.retire.unspent, "", blockMicros(l), hold.units, hold.start)
 	if err != nil {
 		return windowLease{}, err
