@@ -29,7 +29,7 @@ func TestEveryTestChoosesItsGroup(t *testing.T) {
 			}
 			checked++
 			if group := firstCall(fn); group == "" {
-				t.Errorf("%s: %s does not choose its group: make its first statement parallel(t), parallelLong(t, why) or serial(t, why) (harness_test.go)",
+				t.Errorf("%s: %s does not choose its group: make its first statement parallel(t), parallelLong(t, why), serial(t, why) or serialQuiet(t, why) (harness_test.go)",
 					fset.Position(fn.Pos()), fn.Name.Name)
 			}
 		}
@@ -61,7 +61,7 @@ func firstCall(fn *ast.FuncDecl) string {
 	switch {
 	case name.Name == "parallel" && len(call.Args) == 1:
 		return name.Name
-	case (name.Name == "serial" || name.Name == "parallelLong") && len(call.Args) == 2:
+	case (name.Name == "serial" || name.Name == "serialQuiet" || name.Name == "parallelLong") && len(call.Args) == 2:
 		if lit, ok := call.Args[1].(*ast.BasicLit); ok && lit.Kind == token.STRING && len(lit.Value) > 2 {
 			return name.Name
 		}

@@ -151,6 +151,29 @@ func serial(t *testing.T, why string) {
 	t.Cleanup(func() { timings.add(t.Name(), "serial", time.Since(began)) })
 }
 
+// serialQuiet is serial for a test that spends its run waiting on wall
+// clock time (a reporting interval, a block, a failover) with little of a
+// core busy, and why it needs a quiet machine: the quiet tests run
+// together, after the other serial tests and with nothing but each other
+// beside them, so their waits overlap where the serial lane would add
+// them up. Each says, beside why, what share of a core it was measured
+// to keep busy alone (docs/architecture.md, "Test lanes"); a test that
+// loads the machine is serial, not quiet. Outside the serial group
+// (GroupEnv unset: go test ./tests/ runs both groups) it runs as serial
+// does, one at a time, since Go would run it beside the parallel group.
+func serialQuiet(t *testing.T, why string) {
+	t.Helper()
+	if strings.TrimSpace(why) == "" {
+		t.Fatal("serialQuiet(t, why): say why the test needs a quiet machine and how little of a core it uses")
+	}
+	onlyGroup(t, "serial")
+	if os.Getenv(GroupEnv) == "serial" {
+		t.Parallel()
+	}
+	began := time.Now()
+	t.Cleanup(func() { timings.add(t.Name(), "serial-quiet", time.Since(began)) })
+}
+
 // GroupEnv, when set to "serial" or "parallel", runs only that group's
 // tests and skips the others: `make test` runs the serial group alone on
 // the machine, then the parallel group beside the rest of the suite.

@@ -154,7 +154,7 @@ func penaltyRun(t *testing.T, replicas []*sidecar, now penaltyClock, blockFor ti
 // Three replicas in redis and hybrid mode, one in local mode: the block
 // is 3s, short so the test sees it end.
 func TestPenaltyBox(t *testing.T) {
-	serial(t, "after the 3s block its sixth request must come before the bucket refills another token: a wall-clock window that other tests' load widens (beside them the sixth was admitted, 2026-12-04)")
+	serialQuiet(t, "after the 3s block its sixth request must come before the bucket refills another token: a wall-clock window that other tests' load widens (beside them the sixth was admitted, 2026-12-04); alone it keeps an eighth of the machine busy (2026-12-05), so it waits beside the other quiet tests")
 	for _, mode := range []string{"redis", "hybrid"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := testredis.Start(t)

@@ -244,7 +244,7 @@ func TestRLQSNonsenseReports(t *testing.T) {
 // (10 − 3 = 7 a second); the rest is the under-use the test states. The
 // two together never pass the bucket.
 func TestRLQSDemandMoves(t *testing.T) {
-	serial(t, "demand must be followed within two reporting intervals of wall time, a rate that other tests' load would take from the simulated Envoys")
+	serialQuiet(t, "demand must be followed within two reporting intervals of wall time, a rate that other tests' load would take from the simulated Envoys; alone it keeps a quarter of the machine busy (2026-12-05), so it waits beside the other quiet tests")
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
 	id := tenantBucket("acme")
@@ -283,7 +283,7 @@ func TestRLQSDemandMoves(t *testing.T) {
 // never pass the bucket (the dropped stream's assignment stays paid for
 // until it ends).
 func TestRLQSReconnect(t *testing.T) {
-	serial(t, "an Envoy that comes back must be admitted within two reporting intervals of wall time, which other tests' load would stretch")
+	serialQuiet(t, "an Envoy that comes back must be admitted within two reporting intervals of wall time, which other tests' load would stretch; alone it keeps 2% of the machine busy (2026-12-05), so it waits beside the other quiet tests")
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
 	id := tenantBucket("acme")
@@ -423,7 +423,7 @@ func TestRLQSBucketRules(t *testing.T) {
 // decisions count as degraded. The policy is 10 a second; the Envoy
 // offers 20 a second for 3 s, Redis dies, and it goes on for 4 s more.
 func TestRLQSRedisDown(t *testing.T) {
-	serial(t, "Redis is killed and assignments must come from the fallback within two reporting intervals, at the breaker's defaults")
+	serialQuiet(t, "Redis is killed and assignments must come from the fallback within two reporting intervals, at the breaker's defaults; alone it keeps 2% of the machine busy (2026-12-05), so it waits beside the other quiet tests")
 	srv := testredis.Start(t)
 	s := startSidecar(t, defaultsConfig(srv.Addr, "hybrid", rlqsTenants("limit: 600, window: 1m, burst: 100")))
 	e := &offered{f: newEnvoy(s), id: tenantBucket("acme"), perSecond: steady(20)}

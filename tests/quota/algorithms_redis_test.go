@@ -66,6 +66,7 @@ func TestAlgorithmKeys(t *testing.T) {
 // What a sliding log costs in Redis, per admitted request in the window.
 // docs/algorithms.md quotes these figures.
 func TestSlidingLogMemory(t *testing.T) {
+	t.Parallel() // an injected clock: nothing in it waits on real time
 	clk := newClock()
 	store, rdb, _ := newTestStore(t, clk)
 	r := newRedis(t, store)

@@ -50,6 +50,7 @@ func leaseCalls(m *redisstore.Metrics) float64 {
 // more units than a bucket allows (capacity plus what refilled over the
 // run).
 func TestHybridNeverOverAdmits(t *testing.T) {
+	t.Parallel() // an injected clock: nothing in it waits on real time
 	srv := testredis.Start(t)
 	rdb := srv.Client()
 	ctx := context.Background()
@@ -100,6 +101,7 @@ func TestHybridNeverOverAdmits(t *testing.T) {
 }
 
 func TestHybridSteadyTrafficWastesLittle(t *testing.T) {
+	t.Parallel() // an injected clock: nothing in it waits on real time
 	srv := testredis.Start(t)
 	clk := newClock()
 	reps := newReplicas(t, srv.Client(), clk, 3, 1000, time.Hour)

@@ -24,6 +24,7 @@ import (
 // together may admit less than the exact limit would (under-use), never
 // an admission it would refuse.
 func TestHybridLeasesNeverBeatOneBucket(t *testing.T) {
+	t.Parallel() // an injected clock: nothing in it waits on real time
 	srv := testredis.Start(t)
 	for _, a := range []quota.Algorithm{quota.TokenBucket, quota.FixedWindow, quota.SlidingWindow} {
 		for seed := uint64(1); seed <= 8; seed++ {

@@ -19,6 +19,7 @@ import (
 // hybrid mode over three replicas too, where the leases taken under the
 // old limit are handed back rather than spent under the new one.
 func TestLimitChangesBetweenCallsOfOneKey(t *testing.T) {
+	t.Parallel() // an injected clock: nothing in it waits on real time
 	srv := testredis.Start(t)
 	rdb := srv.Client()
 	ctx := context.Background()
