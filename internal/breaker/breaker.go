@@ -9,11 +9,13 @@ package breaker
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,6 +48,20 @@ import (
 // Errors that concern one key or script (WRONGTYPE, OOM, a script error)
 // are not Redis being down; a caller that went away (context.Canceled from
 // its own context) says nothing about Redis at all.
+//
+// A probe whose connection broke (reset by the peer, closed, cut
+// mid-reply) is asked again at once, on a fresh connection, for as long
+// as the confirmation has run less than ProbeTimeout: a broken connection
+// is gone, which says nothing of the server. A server that is down
+// refuses the fresh one or lets it time out, which is conclusive; one
+// that lets every connection through and breaks each (a proxy with no
+// backend) is marked down once ProbeTimeout has passed, as a frozen one
+// is. (A proxy or link that resets some of the connections it carries
+// otherwise opened the breakers of the replicas whose probe drew a reset,
+// while the others went on counting in Redis: each open replica's
+// fallback share on top. Two retries were not enough: a replica
+// suspects Redis at every failed call, and one confirmation in eight
+// drew three resets in a row.)
 //
 // A probe whose timeout this process noticed late (it was not running when
 // the deadline passed: a CPU limit, a starved machine, with Redis's answer
@@ -114,7 +130,7 @@ type Prober interface {
 type Metrics struct {
 	// Calls counts the breaker's probes by op (confirm: a suspicion's
 	// probe; probe: a down server's) and result (ok, error, timeout,
-	// inconclusive).
+	// inconclusive, broken).
 	Calls *prometheus.CounterVec
 	// Up is 1 while no server is marked down.
 	Up prometheus.Gauge
@@ -364,6 +380,7 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 		close(done)
 	}()
 	timeout := b.opts.ProbeTimeout
+	start := b.now()
 	for {
 		began := b.now()
 		err := b.probeOnce(n, timeout)
@@ -374,6 +391,14 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 		if n.lastOK.Load() >= began.UnixNano() {
 			b.opts.Metrics.Calls.WithLabelValues("confirm", Result(err)).Inc()
 			return // a decision's call got through meanwhile: Redis answers
+		}
+		if Broken(err) && b.now().Sub(start) < b.opts.ProbeTimeout && !b.closed.Load() {
+			// The probe's connection broke (reset, closed): that
+			// connection is gone, which says nothing of the server
+			// behind it. The client dials afresh for the next: a
+			// server that is down refuses or times out that one.
+			b.opts.Metrics.Calls.WithLabelValues("confirm", "broken").Inc()
+			continue
 		}
 		if late := b.now().Sub(began) - timeout; IsTimeout(err) && late > timeout/5 && !b.closed.Load() {
 			// The timeout was noticed late: this process was not running
@@ -563,6 +588,15 @@ func Unavailable(err error) bool {
 		}
 	}
 	return false
+}
+
+// Broken reports whether err says that the connection it came on broke
+// (reset by the peer, closed under the call, cut mid-reply) rather than
+// that the server refused a connection, gave no reply in time or replied
+// with an error: a connection's fault, not yet the server's.
+func Broken(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
 }
 
 // Result names a failed call's result for extauthz_redis_calls_total.

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -461,6 +463,60 @@ func TestBreakerTimeoutNoticedLate(t *testing.T) {
 			}
 			if got := r.calls("confirm", "inconclusive"); got != c.inconclusive {
 				t.Errorf("%d inconclusive, want %d", got, c.inconclusive)
+			}
+		})
+	}
+}
+
+// A probe whose connection broke (reset, closed, cut mid-reply) is asked
+// again at once on a fresh one while the confirmation has run less than
+// ProbeTimeout: a network that resets some of the connections it carries
+// opened the breakers of the replicas whose probe drew a reset, while
+// Redis served the others. A refusal or a timeout is conclusive, as
+// before; a server whose every connection breaks is down once
+// ProbeTimeout has passed. Each probe here takes a millisecond.
+func TestBreakerBrokenConnectionAskedAgain(t *testing.T) {
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	for _, c := range []struct {
+		name    string
+		errs    []error // each probe's answer; the last is repeated
+		closing bool
+		down    bool
+		probes  int
+		broken  int
+	}{
+		{name: "reset, then answered", errs: []error{reset, nil}, probes: 2, broken: 1},
+		{name: "cut mid-reply, then answered", errs: []error{io.EOF, nil}, probes: 2, broken: 1},
+		{name: "reset twice, then answered", errs: []error{reset, reset, nil}, probes: 3, broken: 2},
+		{name: "reset twenty times, then answered", errs: append(slices.Repeat([]error{reset}, 20), nil), probes: 21, broken: 20},
+		// The probe that ends at ProbeTimeout is conclusive.
+		{name: "reset until the probe timeout: down", errs: []error{reset}, down: true, probes: int(probeTimeout / time.Millisecond), broken: int(probeTimeout/time.Millisecond) - 1},
+		{name: "reset, then refused: down", errs: []error{reset, errRefused}, down: true, probes: 2, broken: 1},
+		{name: "reset, then timed out: down", errs: []error{reset, context.DeadlineExceeded}, down: true, probes: 2, broken: 1},
+		{name: "refused: down at once", errs: []error{errRefused}, down: true, probes: 1},
+		{name: "closing: not asked again, not marked down", errs: []error{reset}, closing: true, probes: 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newBreakerRig(false)
+			i := 0
+			r.p.set(func(probeCall) error {
+				j := min(i, len(c.errs)-1)
+				i++
+				r.clock.Advance(time.Millisecond)
+				return c.errs[j]
+			})
+			if c.closing {
+				r.b.Close()
+			}
+			r.b.Suspect(r.b.whole, errIO)
+			if down := r.verdict(t, r.b.whole); down != c.down {
+				t.Errorf("down %v, want %v", down, c.down)
+			}
+			if got := len(r.p.calls()); got != c.probes {
+				t.Errorf("%d probes, want %d", got, c.probes)
+			}
+			if got := r.calls("confirm", "broken"); got != c.broken {
+				t.Errorf("%d broken, want %d", got, c.broken)
 			}
 		})
 	}
