@@ -439,19 +439,8 @@ func TestBreakerTimeoutNoticedLate(t *testing.T) {
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := newBreakerRig(false)
-			i := 0
-			r.p.set(func(probeCall) error {
-				j := min(i, len(c.took)-1)
-				i++
-				r.clock.Advance(c.took[j])
-				return c.errs[j]
-			})
-			if c.closing {
-				r.b.Close()
-			}
-			r.b.Suspect(r.b.whole, errIO)
-			if down := r.verdict(t, r.b.whole); down != c.down {
+			r, down := scriptedConfirmation(t, c.took, c.errs, c.closing)
+			if down != c.down {
 				t.Errorf("down %v, want %v", down, c.down)
 			}
 			var timeouts []time.Duration
@@ -466,6 +455,27 @@ func TestBreakerTimeoutNoticedLate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// scriptedConfirmation runs one confirmation of the whole server whose
+// probes take took[i] of the fake clock and answer errs[i] (the last of
+// each repeated), with the store closed first when closing, and returns
+// the rig and the verdict.
+func scriptedConfirmation(t *testing.T, took []time.Duration, errs []error, closing bool) (*breakerRig, bool) {
+	t.Helper()
+	r := newBreakerRig(false)
+	i := 0
+	r.p.set(func(probeCall) error {
+		j := i
+		i++
+		r.clock.Advance(took[min(j, len(took)-1)])
+		return errs[min(j, len(errs)-1)]
+	})
+	if closing {
+		r.b.Close()
+	}
+	r.b.Suspect(r.b.whole, errIO)
+	return r, r.verdict(t, r.b.whole)
 }
 
 // A probe whose connection broke (reset, closed, cut mid-reply) is asked
@@ -497,19 +507,8 @@ func TestBreakerBrokenConnectionAskedAgain(t *testing.T) {
 		{name: "closing: not asked again, not marked down", errs: []error{reset}, closing: true, probes: 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := newBreakerRig(false)
-			i := 0
-			r.p.set(func(probeCall) error {
-				j := min(i, len(c.errs)-1)
-				i++
-				r.clock.Advance(time.Millisecond)
-				return c.errs[j]
-			})
-			if c.closing {
-				r.b.Close()
-			}
-			r.b.Suspect(r.b.whole, errIO)
-			if down := r.verdict(t, r.b.whole); down != c.down {
+			r, down := scriptedConfirmation(t, []time.Duration{time.Millisecond}, c.errs, c.closing)
+			if down != c.down {
 				t.Errorf("down %v, want %v", down, c.down)
 			}
 			if got := len(r.p.calls()); got != c.probes {
