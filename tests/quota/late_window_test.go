@@ -2,6 +2,7 @@ package quota_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -71,8 +72,46 @@ func TestLateWindowReplyAcrossTheWindowsTurn(t *testing.T) {
 	}
 }
 
+// The sliding log's late replies, as the windows': a log call the
+// decision stopped waiting for ran all the same, and its reply came
+// after the fallback decided. Denied by the fallback (it starts empty
+// after a call that may have run, and 60ms of 10 an hour refill none),
+// the entry the call logged is removed by its member, and the log then
+// admits its limit (before, the entry stayed, counted for nobody: 9 of
+// 10). Admitted by the fallback (its clock set an hour on, past every
+// entry its share could hold), the entry stays as that admission's, and
+// the log admits the rest of its limit and not one more.
+func TestLateLogReplyIsGivenBackOrKept(t *testing.T) {
+	for _, mode := range []string{"redis", "hybrid"} {
+		for _, admit := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/fallback admits %v", mode, admit), func(t *testing.T) {
+				lw := startLate(t, mode, time.Second, lateLogLimit)
+				if admit {
+					known := lw.clk.Now().Add(time.Hour + time.Second)
+					lw.r.WithClock(func() time.Time { return known })
+				}
+				d := lw.lateDecision(t)
+				if d.Allowed != admit {
+					t.Fatalf("the decision whose call came late: %+v; want admitted %v by the fallback", d, admit)
+				}
+				fromRedis := lw.fromRedis(t)
+				admitted := fromRedis
+				if d.Allowed {
+					admitted++
+				}
+				if admitted != lateLimit {
+					t.Fatalf("the log admitted %d (the fallback admitted %v, then %d from Redis; the late reply's units: %v kept, %v given back); want its limit, %d",
+						admitted, d.Allowed, fromRedis, testutil.ToFloat64(lw.m.LateKept), testutil.ToFloat64(lw.returned()), lateLimit)
+				}
+			})
+		}
+	}
+}
+
 // lateLimit is the late-window tests' limit: per hour, a fixed window.
 const lateLimit = 10
+
+var lateLogLimit = quota.Limit{Algorithm: quota.SlidingLog, Limit: lateLimit, Window: time.Hour, OnError: quota.ErrorFallback}
 
 var lateWindowLimit = quota.Limit{Algorithm: quota.FixedWindow, Limit: lateLimit, Window: time.Hour, OnError: quota.ErrorFallback}
 
@@ -83,6 +122,7 @@ type lateWindow struct {
 	clk *clock
 	m   *redisstore.Metrics
 	r   *redisstore.Resilient
+	l   quota.Limit // lateWindowLimit, or lateLogLimit
 }
 
 // startLateWindow starts it with the scripts' clock at the next hour plus
@@ -90,6 +130,12 @@ type lateWindow struct {
 // Resilient keeps a tenth of what is left of it after the decision's
 // instant, which must not be past.
 func startLateWindow(t *testing.T, mode string, at time.Duration) *lateWindow {
+	t.Helper()
+	return startLate(t, mode, at, lateWindowLimit)
+}
+
+// startLate is startLateWindow for the limit l.
+func startLate(t *testing.T, mode string, at time.Duration, l quota.Limit) *lateWindow {
 	t.Helper()
 	// A pause ends at the server's next cron tick: at the default hz (10
 	// a second), the 120ms one below lasted up to 200ms, past the store's
@@ -107,11 +153,11 @@ func startLateWindow(t *testing.T, mode string, at time.Duration) *lateWindow {
 	store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet, Clock: clk.Now}))
 	t.Cleanup(store.Close)
 	// One replica: its fallback's share is the whole window.
-	lw := &lateWindow{srv: srv, clk: clk, m: m, r: resilientStack(t, mode, store, m, clk, 1, redisstore.HybridOptions{})}
+	lw := &lateWindow{srv: srv, clk: clk, m: m, r: resilientStack(t, mode, store, m, clk, 1, redisstore.HybridOptions{}), l: l}
 	// Another key first, so that Redis holds the script: a call held by
 	// the pause would otherwise be told NOSCRIPT and load it after the
 	// decision stopped waiting, which no reply of the first call follows.
-	if d, err := lw.r.Take(context.Background(), "other", lateWindowLimit, 1, clk.Now()); err != nil || !d.Allowed || d.Degraded != 0 {
+	if d, err := lw.r.Take(context.Background(), "other", l, 1, clk.Now()); err != nil || !d.Allowed || d.Degraded != 0 {
 		t.Fatalf("with Redis healthy: %+v, %v", d, err)
 	}
 	return lw
@@ -130,7 +176,7 @@ func (lw *lateWindow) lateDecision(t *testing.T) quota.Decision {
 		t.Fatal(err)
 	}
 	late, cancel := context.WithTimeout(ctx, 60*time.Millisecond)
-	d, err := lw.r.Take(late, "k", lateWindowLimit, 1, lw.clk.Now())
+	d, err := lw.r.Take(late, "k", lw.l, 1, lw.clk.Now())
 	cancel()
 	if err != nil || d.Degraded != quota.DegradedFallback {
 		t.Fatalf("a call held by CLIENT PAUSE for 120ms, 60ms of deadline: %+v, %v; want decided by the fallback", d, err)
@@ -155,7 +201,7 @@ func (lw *lateWindow) fromRedis(t *testing.T) int {
 	t.Helper()
 	admitted := 0
 	for range 2 * lateLimit {
-		d, err := lw.r.Take(context.Background(), "k", lateWindowLimit, 1, lw.clk.Now())
+		d, err := lw.r.Take(context.Background(), "k", lw.l, 1, lw.clk.Now())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,17 +7,18 @@ import (
 	"time"
 )
 
-// lateFate tells a window call's late reply what became of the request
-// the call was made for. A call the decision stopped waiting for (its
-// deadline, a slow link) may have run all the same: its reply then comes
-// after the request was decided by the fallback. Had the fallback denied
-// the request, the units the call took were counted for nobody and go
-// back (Store.undoWindowLate). Had it admitted the request, those units
-// are that admission's count in Redis, which the other replicas read: the
-// take stands. Given back instead, the admission would be counted nowhere
-// the other replicas can see, and they would admit the window's limit
-// besides it (a window over its limit by one for each such admission,
-// under a link's latency near the call timeout: docs/reliability.md).
+// lateFate tells a window or sliding log call's late reply what became
+// of the request the call was made for. A call the decision stopped
+// waiting for (its deadline, a slow link) may have run all the same: its
+// reply then comes after the request was decided by the fallback. Had
+// the fallback denied the request, the units the call took were counted
+// for nobody and go back (Store.undoWindowLate, Store.undoLogLate). Had
+// it admitted the request, those units are that admission's count in
+// Redis, which the other replicas read: the take stands. Given back
+// instead, the admission would be counted nowhere the other replicas can
+// see, and they would admit the window's limit besides it (a window over
+// its limit by one for each such admission, under a link's latency near
+// the call timeout: docs/reliability.md).
 //
 // Store.runCall makes one only when its caller stops waiting for a call
 // that has a late handler, and returns it in the call's error

@@ -196,7 +196,7 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 	if d.Allowed && owesFallback(l) {
 		r.levels.OweUnder(key, l, n) // charged to the Redis bucket when it answers again
 	}
-	if window && ran && d.Allowed {
+	if (window || l.Algorithm == quota.SlidingLog) && ran && d.Allowed {
 		admitted = n // a call that ran late took these units: they stand
 	}
 	if window && !ran {

@@ -174,9 +174,9 @@ func (s *Store) decideHolding(ctx context.Context, partition string, l quota.Lim
 	now := s.nowArg(time.Microsecond)
 	var v any
 	var err error
-	// A window call whose reply comes after the decision stopped waiting
-	// gives back what it took (undoWindowLate); a charge records units
-	// already served and stays.
+	// A window or log call whose reply comes after the decision stopped
+	// waiting gives back what it took (undoWindowLate, undoLogLate); a
+	// charge records units already served and stays.
 	var late lateFunc
 	if !l.Charges(units) {
 		late = func(v any, fate *lateFate) { s.undoWindowLate(partition, l, v, fate) }
@@ -187,7 +187,11 @@ func (s *Store) decideHolding(ctx context.Context, partition string, l quota.Lim
 	case quota.SlidingWindow:
 		v, err = s.runLate(ctx, "sliding_window", slidingWindowScript, key, late, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units), blockMicros(l), hold.units, hold.start)
 	case quota.SlidingLog:
-		v, err = s.run(ctx, "sliding_log", slidingLogScript, key, windowMicros(l), l.Limit, nextLogMember(), now, units)
+		member := nextLogMember()
+		if late != nil {
+			late = func(v any, fate *lateFate) { s.undoLogLate(partition, l, member, units, v, fate) }
+		}
+		v, err = s.runLate(ctx, "sliding_log", slidingLogScript, key, late, windowMicros(l), l.Limit, member, now, units)
 	case quota.LeakyBucket:
 		v, err = s.run(ctx, "leaky_bucket", leakyBucketScript, key, intervalMicros(l), toleranceMicros(l), now, units)
 	default:
@@ -248,6 +252,39 @@ func (s *Store) giveBackWindow(ctx context.Context, partition string, l quota.Li
 	_, err := s.run(ctx, "return", script, []string{s.algorithmKey(partition, l.Algorithm)},
 		windowMicros(l), l.Limit, s.nowArg(time.Microsecond), 0, 0, "", ws, units, "", "")
 	return err
+}
+
+// undoLogLate is undoWindowLate for a sliding log: the entries the call
+// added (member, member.2, …: unique across replicas) are removed by
+// name, so a late give-back takes out that take's entries and no other
+// request's. Those of a request the fallback admitted stay (lateFate).
+func (s *Store) undoLogLate(partition string, l quota.Limit, member string, units int64, v any, fate *lateFate) {
+	r, ok := v.([]any)
+	if !ok || len(r) < 1 || units <= 0 {
+		return
+	}
+	if allowed, _ := r[0].(int64); allowed != 1 {
+		return // denied: the take logged nothing
+	}
+	back := units
+	if kept := fate.keep(units); kept > 0 {
+		s.opts.Metrics.LateKept.Add(float64(kept))
+		back -= kept
+		if back <= 0 {
+			return
+		}
+	}
+	args := []any{back}
+	for i := units - back + 1; i <= units; i++ {
+		if i == 1 {
+			args = append(args, member)
+		} else {
+			args = append(args, member+"."+strconv.FormatInt(i, 10))
+		}
+	}
+	if _, err := s.run(context.Background(), "return", logRefundScript, []string{s.algorithmKey(partition, l.Algorithm)}, args...); err == nil {
+		s.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnLate)).Add(float64(back))
+	}
 }
 
 // chargeArg is the scripts' charge flag: "1" when a take of units under l
