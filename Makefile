@@ -31,14 +31,13 @@ run:
 #
 # Beside the serial group runs only the idle lane, under Linux's
 # SCHED_IDLE policy (chrt --idle; nice 19 where chrt is missing or
-# refused): work
-# that times nothing it could miss (fuzzing, a count of executions; the
-# deployment files; the Caddy module, whose waits are 10 to 30 s), taking
-# the cycles the serial group leaves idle (it keeps the two cores about
-# 70% busy: it mostly waits on failovers, breakers and windows). A
-# SCHED_IDLE process runs only on a core no other process wants, and
-# gives it up the moment one wakes. Its output follows the serial group's.
-# docs/architecture.md, "Test lanes", has the times.
+# refused): work that times nothing it could miss (fuzzing, a count of
+# executions; the deployment files; the Caddy module, whose waits are 10
+# to 30 s), taking the cycles the serial group leaves idle (it keeps the
+# two cores about 70% busy: it mostly waits on failovers, breakers and
+# windows). A SCHED_IDLE process runs only on a core no other process
+# wants, and gives it up the moment one wakes. Its output follows the
+# serial group's. docs/architecture.md, "Test lanes", has the times.
 IDLE_LANE_LOG = $(CURDIR)/bin/idle-lane.log
 IDLE = $(shell chrt --idle 0 true >/dev/null 2>&1 && echo chrt --idle 0 || echo nice -n 19)
 test: redis-server redis-sentinel nginx lint
