@@ -342,13 +342,7 @@ func TestHybridEvictionReturnsTokens(t *testing.T) {
 // BenchmarkHybridLeasedSlice is one decision spent from a leased slice: the
 // hot path of hybrid mode, with no I/O.
 func BenchmarkHybridLeasedSlice(b *testing.B) {
-	srv := testredis.Start(b)
-	m := redisstore.NewMetrics(nil)
-	store := redisstore.NewStore(srv.Client(), redisstore.StoreOptions{Prefix: "rl:", Timeout: time.Second, Metrics: m, Log: quiet})
-	defer store.Close()
-	table, _ := redisstore.NewTable(100_000)
-	h := redisstore.NewHybrid(table, store, fixedPeers(1), redisstore.HybridOptions{SliceIdle: time.Hour, Metrics: m, Log: quiet})
-	defer h.Close(context.Background())
+	h, _, m := benchHybrid(b)
 	ctx := context.Background()
 	l := quota.Limit{Limit: 1 << 40, Window: time.Second}
 	now := time.Now()
@@ -402,17 +396,24 @@ func TestHybridWindowLeaseLapsedUnitsComeBack(t *testing.T) {
 	}
 }
 
+// benchHybrid is one hybrid replica on a Redis of its own for the
+// benchmarks, slices never idle; both end with b.
+func benchHybrid(b *testing.B) (*redisstore.Hybrid, *redisstore.Store, *redisstore.Metrics) {
+	srv := testredis.Start(b)
+	m := redisstore.NewMetrics(nil)
+	store := redisstore.NewStore(srv.Client(), redisstore.StoreOptions{Prefix: "rl:", Timeout: time.Second, Metrics: m, Log: quiet})
+	b.Cleanup(store.Close)
+	table, _ := redisstore.NewTable(100_000)
+	h := redisstore.NewHybrid(table, store, fixedPeers(1), redisstore.HybridOptions{SliceIdle: time.Hour, Metrics: m, Log: quiet})
+	b.Cleanup(func() { h.Close(context.Background()) })
+	return h, store, m
+}
+
 // BenchmarkResilientHybridWindowSlice is BenchmarkHybridLeasedSlice for a
 // fixed window through Resilient, as a Check with a deadline reaches it:
 // what the wrapper adds to the hot path.
 func BenchmarkResilientHybridWindowSlice(b *testing.B) {
-	srv := testredis.Start(b)
-	m := redisstore.NewMetrics(nil)
-	store := redisstore.NewStore(srv.Client(), redisstore.StoreOptions{Prefix: "rl:", Timeout: time.Second, Metrics: m, Log: quiet})
-	defer store.Close()
-	table, _ := redisstore.NewTable(100_000)
-	h := redisstore.NewHybrid(table, store, fixedPeers(1), redisstore.HybridOptions{SliceIdle: time.Hour, Metrics: m, Log: quiet})
-	defer h.Close(context.Background())
+	h, store, m := benchHybrid(b)
 	counts, _ := local.NewTable(100)
 	r := redisstore.NewResilient(h, h, local.NewFallback(counts), fixedPeers(1), store)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)

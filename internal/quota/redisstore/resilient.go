@@ -196,8 +196,11 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 	if d.Allowed && owesFallback(l) {
 		r.levels.OweUnder(key, l, n) // charged to the Redis bucket when it answers again
 	}
-	if (window || l.Algorithm == quota.SlidingLog) && ran && d.Allowed {
-		admitted = n // a call that ran late took these units: they stand
+	if ran && d.Allowed {
+		// A call that ran late took these units: they stand (the windows'
+		// and the log's late replies keep them; a token bucket's, whose
+		// fallback admissions are charged as debt, gives back whatever).
+		admitted = n
 	}
 	if window && !ran {
 		// Redis counted none of what the replicas' fallbacks admit in

@@ -176,19 +176,25 @@ func (s *Store) decideHolding(ctx context.Context, partition string, l quota.Lim
 	var err error
 	// A window or log call whose reply comes after the decision stopped
 	// waiting gives back what it took (undoWindowLate, undoLogLate); a
-	// charge records units already served and stays.
-	var late lateFunc
-	if !l.Charges(units) {
-		late = func(v any, fate *lateFate) { s.undoWindowLate(partition, l, v, fate) }
-	}
+	// charge records units already served and stays. The handler is made
+	// only for the algorithm that runs (a closure passed on is allocated
+	// where it is written, whichever case runs).
+	undo := !l.Charges(units)
 	switch l.Algorithm {
-	case quota.FixedWindow:
-		v, err = s.runLate(ctx, "fixed_window", fixedWindowScript, key, late, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units), blockMicros(l), hold.units, hold.start)
-	case quota.SlidingWindow:
-		v, err = s.runLate(ctx, "sliding_window", slidingWindowScript, key, late, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units), blockMicros(l), hold.units, hold.start)
+	case quota.FixedWindow, quota.SlidingWindow:
+		script, name := fixedWindowScript, "fixed_window"
+		if l.Algorithm == quota.SlidingWindow {
+			script, name = slidingWindowScript, "sliding_window"
+		}
+		var late lateFunc
+		if undo {
+			late = func(v any, fate *lateFate) { s.undoWindowLate(partition, l, v, fate) }
+		}
+		v, err = s.runLate(ctx, name, script, key, late, windowMicros(l), l.Limit, now, units, "", "", "", "", chargeArg(l, units), blockMicros(l), hold.units, hold.start)
 	case quota.SlidingLog:
 		member := nextLogMember()
-		if late != nil {
+		var late lateFunc
+		if undo {
 			late = func(v any, fate *lateFate) { s.undoLogLate(partition, l, member, units, v, fate) }
 		}
 		v, err = s.runLate(ctx, "sliding_log", slidingLogScript, key, late, windowMicros(l), l.Limit, member, now, units)
@@ -224,12 +230,8 @@ func (s *Store) undoWindowLate(partition string, l quota.Limit, v any, fate *lat
 	if granted <= 0 {
 		return
 	}
-	if kept := fate.keep(granted); kept > 0 {
-		s.opts.Metrics.LateKept.Add(float64(kept))
-		granted -= kept
-		if granted <= 0 {
-			return
-		}
+	if granted = s.notKept(fate, granted); granted <= 0 {
+		return
 	}
 	if s.giveBackWindow(context.Background(), partition, l, ws, granted) == nil {
 		s.opts.Metrics.TokensReturned.WithLabelValues(string(ReturnLate)).Add(float64(granted))
@@ -254,6 +256,17 @@ func (s *Store) giveBackWindow(ctx context.Context, partition string, l quota.Li
 	return err
 }
 
+// notKept returns how many of the units a late reply's call took go
+// back: those the decision's fallback did not admit (lateFate.keep),
+// counting the kept ones.
+func (s *Store) notKept(fate *lateFate, took int64) int64 {
+	kept := fate.keep(took)
+	if kept > 0 {
+		s.opts.Metrics.LateKept.Add(float64(kept))
+	}
+	return took - kept
+}
+
 // undoLogLate is undoWindowLate for a sliding log: the entries the call
 // added (member, member.2, …: unique across replicas) are removed by
 // name, so a late give-back takes out that take's entries and no other
@@ -266,13 +279,9 @@ func (s *Store) undoLogLate(partition string, l quota.Limit, member string, unit
 	if allowed, _ := r[0].(int64); allowed != 1 {
 		return // denied: the take logged nothing
 	}
-	back := units
-	if kept := fate.keep(units); kept > 0 {
-		s.opts.Metrics.LateKept.Add(float64(kept))
-		back -= kept
-		if back <= 0 {
-			return
-		}
+	back := s.notKept(fate, units)
+	if back <= 0 {
+		return
 	}
 	args := []any{back}
 	for i := units - back + 1; i <= units; i++ {
