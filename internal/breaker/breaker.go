@@ -69,6 +69,27 @@ import (
 // shorter deadline; a confirmation can then take longer than ProbeTimeout,
 // but a starved process does not open the breaker.
 //
+// A process that decides without calling Redis (hybrid mode spending a
+// window's slice, or answering from a denial it cached until the window
+// ends) makes no call to fail or stall, so an outage would be learnt at
+// its next call only, in the next window: the fallback then starts that
+// window as one Redis may have counted in (the limit's part left after
+// the call), where redis mode, whose every decision calls, knew of the
+// outage before the window began and gives it its full share. What
+// matters is whether Redis was out of reach before the window turned, so
+// the store says when the windows it serves without calls turn (Want),
+// and IdleProbe before the nearest turn, a server with no call pending
+// that has not answered since is asked, as a suspicion is, but with the
+// call timeout (no call runs beside the probe to prove Redis answers,
+// and a Redis that answers a call in time serves). A probe that fails
+// opens the breaker, and the outage is dated from the probe's start,
+// before the turn. One probe per window turn at most (a second's window:
+// one a second; a minute's: one a minute), none while calls answer.
+//
+// The store learns the instant an outage was first evidenced (Down: when
+// the confirmation that failed began), not only when a call next finds
+// the breaker open, for the same reason.
+//
 // Once open, calls fail at once with ErrStoreDown, calls in flight are
 // abandoned (their decisions fall back immediately rather than wait out
 // their timeouts), and a probe every ProbeEvery tests whether Redis is back.
@@ -95,12 +116,17 @@ const (
 	DefaultStallAfter   = 50 * time.Millisecond
 	DefaultProbeTimeout = 100 * time.Millisecond
 	DefaultProbeEvery   = 500 * time.Millisecond
+	DefaultIdleProbe    = 100 * time.Millisecond // before a window's turn
 )
 
 // errStalled is the suspicion raised by the watch when calls stall. (Its
 // text names redisstore, where the breaker was born: operators have
 // seen it in "redis marked down" records.)
 var errStalled = errors.New("redisstore: redis calls stalled")
+
+// errIdle is the suspicion raised by the watch before a window turns when
+// the window's decisions are served without calls (Want).
+var errIdle = errors.New("no answer from redis before a window served without calls turned")
 
 // Router says which Redis Cluster master serves a key, so that the
 // breaker judges each master alone; *redis.ClusterClient satisfies it.
@@ -142,9 +168,10 @@ type Metrics struct {
 
 // Options configure a Breaker; every field is required but Now.
 type Options struct {
-	// StallAfter, ProbeTimeout and ProbeEvery time the breaker (the
-	// design note above).
-	StallAfter, ProbeTimeout, ProbeEvery time.Duration
+	// StallAfter, ProbeTimeout, ProbeEvery and IdleProbe time the
+	// breaker (the design note above); IdleProbe zero asks nothing
+	// before a window's turn.
+	StallAfter, ProbeTimeout, ProbeEvery, IdleProbe time.Duration
 	// CallTimeout is the store's per-call timeout: a down server's probe
 	// waits as long as a decision's call would, ProbeTimeout at least.
 	CallTimeout time.Duration
@@ -154,7 +181,11 @@ type Options struct {
 	WholeKey string
 	// Warm loads the scripts into Redis: on a master that appears while
 	// the breaker runs, and on a server that is back.
-	Warm    func(context.Context) error
+	Warm func(context.Context) error
+	// Down, when set, is told that a server was marked down, with the
+	// instant the confirmation that failed began: the outage was under
+	// way then.
+	Down    func(since time.Time)
 	Metrics Metrics
 	Log     *slog.Logger
 	// Now is the breaker's clock; nil: time.Now. The calls' instants
@@ -180,6 +211,10 @@ type Breaker struct {
 	// copying or locking: a fleet of many stores ticks 40 times a second.
 	listed    atomic.Pointer[[]*Node]
 	downNodes atomic.Int64
+	// wantBy is the nearest turn (unix ns, Options.Now's clock) of a
+	// window whose decisions were served without calls (Want); 0: none.
+	wantBy    atomic.Int64
+	askedTurn int64 // the turn the watch last asked for; the watch's alone
 
 	// closed: the store is closing; nothing is marked down from now on.
 	closed   atomic.Bool
@@ -339,6 +374,23 @@ func (n *Node) logAttrs(args ...any) []any {
 	return args
 }
 
+// Want records that a decision of a window turning at by (unix ns) was
+// served without calling Redis: IdleProbe before the nearest such turn,
+// the watch asks a server that has not answered since (the design note).
+// A load, and a store once per turn, so that a decision served from
+// memory pays next to nothing for it.
+func (b *Breaker) Want(by int64) {
+	for {
+		cur := b.wantBy.Load()
+		if cur != 0 && cur <= by {
+			return
+		}
+		if b.wantBy.CompareAndSwap(cur, by) {
+			return
+		}
+	}
+}
+
 // Begin records a call starting at ns (unix ns, on Options.Now's clock).
 func (n *Node) Begin(ns int64) {
 	if n.inflight.Add(1) == 1 {
@@ -381,15 +433,23 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 	}()
 	timeout := b.opts.ProbeTimeout
 	start := b.now()
+	op := "confirm"
+	if cause == errIdle {
+		// No decision's call runs beside an idle probe to prove Redis
+		// answers (a confirmation's other evidence), so it waits as long
+		// as a decision's call would: a slow Redis that answers within
+		// the call timeout serves, and is not marked down for it.
+		op, timeout = "idle", max(b.opts.ProbeTimeout, b.opts.CallTimeout)
+	}
 	for {
 		began := b.now()
 		err := b.probeOnce(n, timeout)
 		if err == nil {
-			b.opts.Metrics.Calls.WithLabelValues("confirm", "ok").Inc()
+			b.opts.Metrics.Calls.WithLabelValues(op, "ok").Inc()
 			return
 		}
 		if n.lastOK.Load() >= began.UnixNano() {
-			b.opts.Metrics.Calls.WithLabelValues("confirm", Result(err)).Inc()
+			b.opts.Metrics.Calls.WithLabelValues(op, Result(err)).Inc()
 			return // a decision's call got through meanwhile: Redis answers
 		}
 		if Broken(err) && b.now().Sub(start) < b.opts.ProbeTimeout && !b.closed.Load() {
@@ -397,7 +457,7 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 			// connection is gone, which says nothing of the server
 			// behind it. The client dials afresh for the next: a
 			// server that is down refuses or times out that one.
-			b.opts.Metrics.Calls.WithLabelValues("confirm", "broken").Inc()
+			b.opts.Metrics.Calls.WithLabelValues(op, "broken").Inc()
 			continue
 		}
 		if late := b.now().Sub(began) - timeout; IsTimeout(err) && late > timeout/5 && !b.closed.Load() {
@@ -407,12 +467,12 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 			// read. That says nothing about Redis: ask again, with a
 			// shorter deadline so that a periodic freeze does not land
 			// on it again.
-			b.opts.Metrics.Calls.WithLabelValues("confirm", "inconclusive").Inc()
+			b.opts.Metrics.Calls.WithLabelValues(op, "inconclusive").Inc()
 			timeout = max(timeout*7/10, b.opts.ProbeTimeout/2)
 			continue
 		}
-		b.opts.Metrics.Calls.WithLabelValues("confirm", Result(err)).Inc()
-		b.markDown(n, cause, err)
+		b.opts.Metrics.Calls.WithLabelValues(op, Result(err)).Inc()
+		b.markDown(n, cause, err, start)
 		return
 	}
 }
@@ -466,9 +526,12 @@ func redirected(err error) bool {
 
 // markDown opens n's breaker: its calls fail at once, those in flight
 // give up.
-func (b *Breaker) markDown(n *Node, cause, probeErr error) {
+func (b *Breaker) markDown(n *Node, cause, probeErr error, since time.Time) {
 	if b.closed.Load() || !n.down.CompareAndSwap(false, true) {
 		return
+	}
+	if b.opts.Down != nil {
+		b.opts.Down(since)
 	}
 	b.nodeDown(1)
 	b.opts.Metrics.Opened.Inc()
@@ -519,15 +582,32 @@ func (b *Breaker) watch() {
 
 // watchAt raises suspicion when a node's calls are pending and none has
 // finished for StallAfter (a frozen Redis fails nothing: it only stops
-// answering), and probes each down node every ProbeEvery.
+// answering), or, IdleProbe before a window served without calls turns
+// (Want), when a node with nothing pending has not answered since; and it
+// probes each down node every ProbeEvery.
 func (b *Breaker) watchAt(now time.Time) {
-	b.eachNode(func(n *Node) { b.watchNode(n, now) })
+	ns := now.UnixNano()
+	ask := int64(0) // the instant since which an idle node has to have answered
+	if by := b.wantBy.Load(); by != 0 && ns >= by-int64(b.opts.IdleProbe) {
+		b.wantBy.CompareAndSwap(by, 0) // this turn's ask, or one missed: the next Want sets the next
+		if ns < by && by != b.askedTurn {
+			ask, b.askedTurn = by-int64(b.opts.IdleProbe), by // once per turn
+		}
+	}
+	b.eachNode(func(n *Node) { b.watchNode(n, now, ask) })
 }
 
-func (b *Breaker) watchNode(n *Node, now time.Time) {
+// watchNode is watchAt for n; ask, when not zero, asks n if it has not
+// answered since then and nothing is pending.
+func (b *Breaker) watchNode(n *Node, now time.Time, ask int64) {
 	if !n.down.Load() {
-		if n.inflight.Load() > 0 && now.UnixNano()-n.progress.Load() >= int64(b.opts.StallAfter) {
-			b.Suspect(n, errStalled)
+		switch {
+		case n.inflight.Load() > 0:
+			if now.UnixNano()-n.progress.Load() >= int64(b.opts.StallAfter) {
+				b.Suspect(n, errStalled)
+			}
+		case ask != 0 && n.lastOK.Load() < ask:
+			b.Suspect(n, errIdle)
 		}
 		return
 	}

@@ -161,6 +161,7 @@ type breakerRig struct {
 	m     Metrics
 	log   *lockedBuffer
 	warms chan struct{} // one value per Warm
+	downs []time.Time   // what Options.Down was told; written by the confirmation, read after its verdict
 }
 
 func newBreakerRig(cluster bool) *breakerRig {
@@ -175,10 +176,12 @@ func newBreakerRig(cluster bool) *breakerRig {
 		StallAfter:   stallAfter,
 		ProbeTimeout: probeTimeout,
 		ProbeEvery:   probeEvery,
+		IdleProbe:    DefaultIdleProbe,
 		CallTimeout:  callTimeout,
 		Cluster:      cluster,
 		WholeKey:     "rl:_peers",
 		Warm:         func(context.Context) error { r.warms <- struct{}{}; return nil },
+		Down:         func(since time.Time) { r.downs = append(r.downs, since) },
 		Metrics:      r.m,
 		Log:          slog.New(slog.NewTextHandler(r.log, nil)),
 		Now:          r.clock.Now,
@@ -375,6 +378,86 @@ func TestBreakerStallRaisesSuspicion(t *testing.T) {
 	}
 	close(hold)
 	r.verdict(t, n)
+}
+
+// A process that serves a window's decisions without calling Redis
+// (Want, with the window's turn) still learns of an outage before the
+// window turns: IdleProbe (100ms) before the turn, a server with nothing
+// pending that has not answered since is asked, with the call timeout
+// (150ms: no call runs beside it to prove Redis answers), and marked down
+// when that probe fails; the store is told the instant the probe began,
+// before the turn. Nothing wanted, a call pending (the stall rule's), a
+// call answered since, or the turn passed, nothing is asked; one probe
+// per turn at most, the nearest turn first.
+func TestBreakerAsksAnIdleServerBeforeAWindowTurns(t *testing.T) {
+	ms := time.Millisecond
+	turn := t0.Add(time.Second)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	r := newBreakerRig(false)
+	n := r.b.whole
+	n.Begin(t0.UnixNano())
+	n.End(at(ms).UnixNano(), true) // the last answer: t0+1ms
+
+	r.b.watchAt(at(950 * ms))
+	if r.confirming(n) {
+		t.Fatal("an idle server asked with no window served without calls")
+	}
+	r.b.Want(turn.UnixNano())
+	if r.b.watchAt(at(899 * ms)); r.confirming(n) {
+		t.Fatal("asked 101ms before the turn")
+	}
+	n.Begin(at(890 * ms).UnixNano()) // a call pending: the stall rule judges it
+	if r.b.watchAt(at(900 * ms)); r.confirming(n) {
+		t.Fatal("an idle probe beside a pending call")
+	}
+	n.End(at(1905*ms).UnixNano(), true) // it answered within IdleProbe of the next turn
+	r.b.Want(at(2 * time.Second).UnixNano())
+	if r.b.watchAt(at(1910 * ms)); r.confirming(n) {
+		t.Fatal("asked although Redis answered within IdleProbe of the turn")
+	}
+	r.b.Want(at(3 * time.Second).UnixNano())
+	if r.b.watchAt(at(3001 * ms)); r.confirming(n) {
+		t.Fatal("asked after the turn it was wanted for")
+	}
+
+	r.b.Want(at(time.Hour).UnixNano())
+	r.b.Want(at(4 * time.Second).UnixNano()) // the nearest turn is the one asked for
+	r.b.Want(at(time.Minute).UnixNano())
+	r.p.set(r.answerAfter(callTimeout, context.DeadlineExceeded))
+	r.clock.Advance(3900 * ms) // the confirmation reads the clock: it begins then
+	if r.b.watchAt(at(3900 * ms)); !r.confirming(n) {
+		t.Fatal("not asked 100ms before the turn of a window served without calls")
+	}
+	if !r.verdict(t, n) {
+		t.Fatal("an idle server whose probe timed out is not down")
+	}
+	if got, want := r.p.calls(), []probeCall{{"", "rl:_peers", callTimeout}}; !slices.Equal(got, want) {
+		t.Fatalf("probes %v, want %v (one, with the call timeout)", got, want)
+	}
+	if !slices.Equal(r.downs, []time.Time{at(3900 * ms)}) {
+		t.Fatalf("store told %v, want the probe's start, before the turn", r.downs)
+	}
+	if r.calls("idle", "timeout") != 1 || r.calls("confirm", "timeout") != 0 {
+		t.Fatalf("idle timeouts %d, confirm timeouts %d", r.calls("idle", "timeout"), r.calls("confirm", "timeout"))
+	}
+	if log := r.log.String(); !strings.Contains(log, `error="no answer from redis before a window served without calls turned"`) {
+		t.Fatalf("log:\n%s", log)
+	}
+
+	// A server that answers: one probe per turn, and none for a turn
+	// nothing was served without calls in.
+	r = newBreakerRig(false)
+	n = r.b.whole
+	for range 3 {
+		r.b.Want(turn.UnixNano())
+		r.b.watchAt(at(900 * ms))
+		r.verdict(t, n)
+	}
+	r.b.watchAt(at(1900 * ms))
+	r.verdict(t, n)
+	if len(r.p.calls()) != 1 || r.calls("idle", "ok") != 1 || r.state() != "up 1, down 0, opened 0" {
+		t.Fatalf("probes %v, idle ok %d, %s; want one probe, answered", r.p.calls(), r.calls("idle", "ok"), r.state())
+	}
 }
 
 // A probe's timeout that this process noticed late (more than a fifth of

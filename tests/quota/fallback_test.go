@@ -31,7 +31,7 @@ func testFallbackStartsFromItsShare(t *testing.T, mode string) {
 	defer store.Close()
 	const peers = 3
 	// In hybrid, the defaults: the lease life sizes the slices (see below).
-	r := resilientStack(t, mode, store, m, clk, peers, redisstore.HybridOptions{})
+	r := resilientStack(t, mode, store, m, clk.Now, peers, redisstore.HybridOptions{})
 	l := quota.Limit{Limit: 90, Window: time.Minute, OnError: quota.ErrorFallback}
 	ctx := context.Background()
 
@@ -116,7 +116,7 @@ func testFallbackCharged(t *testing.T, mode string) {
 	m := redisstore.NewMetrics(nil)
 	store := redisstore.NewStore(srv.Client(sidecarClient), redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet, Clock: clk.Now, Probe: srv.Client(sidecarClient)})
 	defer store.Close()
-	r := resilientStack(t, mode, store, m, clk, 1, redisstore.HybridOptions{SliceIdle: time.Second})
+	r := resilientStack(t, mode, store, m, clk.Now, 1, redisstore.HybridOptions{SliceIdle: time.Second})
 	l := quota.Limit{Limit: 20, Window: time.Hour, OnError: quota.ErrorFallback}
 	ctx := context.Background()
 	rdb := srv.Client()
@@ -189,7 +189,7 @@ func testFallbackCharged(t *testing.T, mode string) {
 // "hybrid"): the mode's limiter behind Resilient, as many replicas as
 // peers, and clk for every clock. hopts are hybrid's options but for
 // its metrics, log and clock.
-func resilientStack(t *testing.T, mode string, store *redisstore.Store, m *redisstore.Metrics, clk *clock, peers int64, hopts redisstore.HybridOptions) *redisstore.Resilient {
+func resilientStack(t *testing.T, mode string, store *redisstore.Store, m *redisstore.Metrics, now func() time.Time, peers int64, hopts redisstore.HybridOptions) *redisstore.Resilient {
 	t.Helper()
 	counts, err := local.NewTable(100)
 	if err != nil {
@@ -198,9 +198,9 @@ func resilientStack(t *testing.T, mode string, store *redisstore.Store, m *redis
 	table := newTable(t)
 	primary, levels := quota.Limiter(redisstore.NewRedis(store, table)), redisstore.LevelSource(table)
 	if mode == "hybrid" {
-		hopts.Metrics, hopts.Log, hopts.Now = m, quiet, clk.Now
+		hopts.Metrics, hopts.Log, hopts.Now = m, quiet, now
 		h := redisstore.NewHybrid(table, store, fixedPeers(peers), hopts)
 		primary, levels = h, h // as cmd/extauthz wires it
 	}
-	return redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(peers), store).WithClock(clk.Now)
+	return redisstore.NewResilient(primary, levels, local.NewFallback(counts), fixedPeers(peers), store).WithClock(now)
 }

@@ -153,7 +153,7 @@ func startLate(t *testing.T, mode string, at time.Duration, l quota.Limit) *late
 	store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet, Clock: clk.Now}))
 	t.Cleanup(store.Close)
 	// One replica: its fallback's share is the whole window.
-	lw := &lateWindow{srv: srv, clk: clk, m: m, r: resilientStack(t, mode, store, m, clk, 1, redisstore.HybridOptions{}), l: l}
+	lw := &lateWindow{srv: srv, clk: clk, m: m, r: resilientStack(t, mode, store, m, clk.Now, 1, redisstore.HybridOptions{}), l: l}
 	// Another key first, so that Redis holds the script: a call held by
 	// the pause would otherwise be told NOSCRIPT and load it after the
 	// decision stopped waiting, which no reply of the first call follows.

@@ -16,6 +16,7 @@ const (
 	DefaultStallAfter   = breaker.DefaultStallAfter
 	DefaultProbeTimeout = breaker.DefaultProbeTimeout
 	DefaultProbeEvery   = breaker.DefaultProbeEvery
+	DefaultIdleProbe    = breaker.DefaultIdleProbe
 )
 
 // Router says which Redis Cluster master serves a key (breaker.Router).

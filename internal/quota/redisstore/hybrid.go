@@ -170,6 +170,9 @@ type leaser interface {
 	// peek and reset serve the counters API (inspect.go).
 	peek(ctx context.Context, partition string, l quota.Limit) (quota.Inspection, error)
 	reset(ctx context.Context, partition string) error
+	// want says a decision of a window turning at by (unix ns) was
+	// served without a call (Store.want).
+	want(by int64)
 }
 
 var _ leaser = (*Store)(nil)
@@ -290,9 +293,25 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 	if !h.endLeaseLocked(key, e, l, now) && e.lease.spend(n, need) {
 		d := h.allowLocked(e, l, ns)
 		sh.Unlock()
+		h.servedLocally(l, ns)
 		return d, nil
 	}
 	return h.takeMissLocked(ctx, sh, e, &request{key: key, l: l, n: n, need: need, now: now, ns: ns})
+}
+
+// servedLocally tells the store that a decision under l at ns was made
+// without a call, when l counts windows: before the window turns, the
+// breaker then asks a Redis that has not answered since, so that an
+// outage that began in the window is known to have begun before the next
+// one (Resilient.windowLevel gives that one its full share; learnt at its
+// first call, the window would be one Redis may have counted in). A token
+// bucket's fallback does not depend on when an outage began.
+func (h *Hybrid) servedLocally(l quota.Limit, ns int64) {
+	if l.Algorithm == quota.TokenBucket {
+		return
+	}
+	w := max(int64(l.Window), 1)
+	h.store.want(ns - ns%w + w)
 }
 
 // request is one take of a leased key, as takeMissLocked's steps see it.
@@ -319,6 +338,9 @@ func (h *Hybrid) takeMissLocked(ctx context.Context, sh *localcache.Shard[*keySt
 	for {
 		if d, ok := h.deniedLocked(e, r, asked); ok {
 			sh.Unlock()
+			if !asked {
+				h.servedLocally(r.l, r.ns)
+			}
 			return d, nil
 		}
 		if f := e.flight; f != nil {

@@ -49,11 +49,13 @@ type StoreOptions struct {
 	// server's clock, never a replica's. Redis still expires keys on its
 	// own clock, so the algorithm scripts then keep keys a minute at least.
 	Clock func() time.Time
-	// StallAfter, ProbeTimeout and ProbeEvery time the breaker (see the
-	// design note in package breaker); zero means the Default constants.
+	// StallAfter, ProbeTimeout, ProbeEvery and IdleProbe time the
+	// breaker (see the design note in package breaker); zero means the
+	// Default constants.
 	StallAfter   time.Duration
 	ProbeTimeout time.Duration
 	ProbeEvery   time.Duration
+	IdleProbe    time.Duration
 	// Router, for a Redis Cluster, says which master serves a key: the
 	// breaker then judges each master alone (package breaker). Nil: one
 	// breaker for the whole store, as for a standalone server.
@@ -111,6 +113,9 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 	if opts.ProbeEvery <= 0 {
 		opts.ProbeEvery = DefaultProbeEvery
 	}
+	if opts.IdleProbe <= 0 {
+		opts.IdleProbe = DefaultIdleProbe
+	}
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
@@ -125,10 +130,12 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 		StallAfter:   opts.StallAfter,
 		ProbeTimeout: opts.ProbeTimeout,
 		ProbeEvery:   opts.ProbeEvery,
+		IdleProbe:    opts.IdleProbe,
 		CallTimeout:  opts.Timeout,
 		Cluster:      opts.Router != nil,
 		WholeKey:     s.peersKey(),
 		Warm:         s.Warm,
+		Down:         s.markDown,
 		Metrics:      opts.Metrics.breakerMetrics(),
 		Log:          opts.Log,
 	})
@@ -162,6 +169,11 @@ func (s *Store) Warm(ctx context.Context) error {
 	return nil
 }
 
+// want tells the breaker that a decision of a window turning at by (unix
+// ns) was served without a call (breaker.Breaker.Want): hybrid's window
+// slices and cached denials.
+func (s *Store) want(by int64) { s.breaker.Want(by) }
+
 // Close stops the watch. It does not close the clients.
 func (s *Store) Close() { s.breaker.Close() }
 
@@ -176,8 +188,11 @@ func (s *Store) AwaitVerdict(ctx context.Context, partition string) (down bool) 
 	return s.breaker.AwaitVerdict(ctx, s.breaker.NodeFor(ctx, s.key(partition)))
 }
 
-// markDown records that a call found Redis out of reach at t (refused
-// or abandoned because its node was marked down): DownAt, DownSince.
+// markDown records that Redis was out of reach at t: a call refused or
+// abandoned because its node was marked down, or the start of the
+// confirmation that marked it down (breaker.Options.Down), which a
+// replica deciding without calls may reach before any call does: DownAt,
+// DownSince.
 func (s *Store) markDown(t time.Time) {
 	ns := t.UnixNano()
 	s.down.Store(ns)
