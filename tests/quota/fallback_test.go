@@ -191,11 +191,19 @@ func testFallbackCharged(t *testing.T, mode string) {
 // its metrics, log and clock.
 func resilientStack(t *testing.T, mode string, store *redisstore.Store, m *redisstore.Metrics, now func() time.Time, peers int64, hopts redisstore.HybridOptions) *redisstore.Resilient {
 	t.Helper()
+	return resilientStackOn(t, mode, store, newTable(t), m, now, peers, hopts)
+}
+
+// resilientStackOn is resilientStack over table, the per-key state the
+// primary keeps (a test that wires store.ChargeDebtsOf(table), as
+// redisstore.Open does, charges debts and window fallbacks as Redis
+// comes back rather than with each key's next call).
+func resilientStackOn(t *testing.T, mode string, store *redisstore.Store, table *redisstore.Table, m *redisstore.Metrics, now func() time.Time, peers int64, hopts redisstore.HybridOptions) *redisstore.Resilient {
+	t.Helper()
 	counts, err := local.NewTable(100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	table := newTable(t)
 	primary, levels := quota.Limiter(redisstore.NewRedis(store, table)), redisstore.LevelSource(table)
 	if mode == "hybrid" {
 		hopts.Metrics, hopts.Log, hopts.Now = m, quiet, now

@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	"time"
+
+	"github.com/extauthz/extauthz/internal/quota"
 )
 
 // Fallback debts are charged as the store comes back, not key by key.
@@ -55,7 +57,65 @@ func (s *Store) chargeDebts(ctx context.Context) {
 			return
 		}
 	}
+	s.chargeFellBack(ctx, t)
 }
+
+// chargeFellBack charges what this replica's fallback admitted of each
+// key's current window (fixed or sliding; Table.FellBack) to the
+// window's Redis count, as a charge (counted whatever the limit), within
+// ctx, as chargeDebts does the token buckets' debts and for the same
+// reason: the replicas' fallbacks admitted those units while Redis
+// counted none, and until each replica's count reaches Redis every other
+// replica's calls must hold its share out of the window's room
+// (Resilient.hold), which costs the window what the fallbacks did not
+// use. Charged as each replica comes back, the others hold only while a
+// replica may still be falling back (Store.DownUntil), not for the rest
+// of the window. A unit charged is no longer held by the key's own calls
+// (Table.chargedFellBack); one that cannot be charged stays held by them
+// and is named again. A charge that lands in the next window (Redis's
+// clock turned it meanwhile) counts there: less admitted, never more.
+func (s *Store) chargeFellBack(ctx context.Context, t *Table) {
+	now := time.Now()
+	if s.opts.Clock != nil {
+		now = s.opts.Clock()
+	}
+	units := t.takeFellBack(now.UnixMicro())
+	for i, u := range units {
+		if ctx.Err() != nil || !s.chargeWindow(ctx, u) {
+			for _, left := range units[i:] {
+				t.markFell(left.key)
+			}
+			return
+		}
+		t.chargedFellBack(u.key, u.start, u.units)
+	}
+}
+
+// chargeWindow charges u to its window's Redis count (the window
+// scripts' charge: always, with no penalty box) and reports whether
+// Redis answered.
+func (s *Store) chargeWindow(ctx context.Context, u fellBackUnits) bool {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	script := fixedWindowScript
+	if u.limit.Algorithm == quota.SlidingWindow {
+		script = slidingWindowScript
+	}
+	err := script.Run(ctx, s.rdb, []string{s.algorithmKey(u.key, u.limit.Algorithm)},
+		windowMicros(u.limit), u.limit.Limit, s.nowArg(time.Microsecond), u.units, "", "", "", "", "1", "", "", "").Err()
+	result := "ok"
+	if err != nil {
+		result = resultOf(err)
+	}
+	s.opts.Metrics.Calls.WithLabelValues("fell_back", result).Inc()
+	return err == nil
+}
+
+// ChargesFellBack reports whether the store charges the windows'
+// fallback units as Redis comes back (chargeFellBack): a standalone
+// server's store (or Sentinel's) wired to a table; not a Cluster's, whose
+// masters come back one by one (each key's own calls hold its units).
+func (s *Store) ChargesFellBack() bool { return s.opts.Router == nil && s.debts.Load() != nil }
 
 // chargeDebt charges d to its bucket and grants nothing (a take of 0
 // with 1 needed asks without taking, and sets no penalty box). It

@@ -475,6 +475,11 @@ func (h *Hybrid) renewLocked(ctx context.Context, sh *localcache.Shard[*keyState
 			return quota.Decision{Limit: r.l.Limit, Remaining: ls.remaining, RetryAfter: max(ls.wait, time.Microsecond), ResetAfter: time.Duration(max(e.fullAt-r.ns, 0))}, true, nil
 		}
 		e.deniedUntil = r.ns + int64(max(ls.wait, time.Microsecond))
+		if hold := holdFrom(ctx); hold.until > r.ns {
+			// The others' shares held lapse then (Resilient.hold): the
+			// window may have room again.
+			e.deniedUntil = min(e.deniedUntil, hold.until)
+		}
 		e.capacity = capacityOf(r.l) // the denial's, for endLeaseLocked
 		return quota.Decision{}, false, nil
 	}

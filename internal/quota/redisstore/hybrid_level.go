@@ -35,7 +35,9 @@ func (h *Hybrid) Level(key string, l quota.Limit) (local.Level, bool) {
 
 // FellBack and FellBackIn keep what the fallback admitted of a window,
 // held out of the key's window leases (Table.FellBack).
-func (h *Hybrid) FellBack(key string, start, took int64) { h.table.FellBack(key, start, took) }
+func (h *Hybrid) FellBack(key string, l quota.Limit, start, took int64) {
+	h.table.FellBack(key, l, start, took)
+}
 
 // FellBackIn: see FellBack.
 func (h *Hybrid) FellBackIn(key string, start int64) int64 { return h.table.FellBackIn(key, start) }

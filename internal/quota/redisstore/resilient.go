@@ -42,12 +42,18 @@ type Resilient struct {
 	// one (Store.DownUntil, Store.DownSince; nil: never known), for
 	// windows (windowLevel, hold).
 	downUntil, downSince func() time.Time
+	// chargesFellBack says whether every replica charges its windows'
+	// fallback units to Redis as it comes back (Store.ChargesFellBack):
+	// then hold keeps the others' shares only while they may still be
+	// falling back. Nil: never (held for the rest of the window).
+	chargesFellBack func() bool
 }
 
 // outageClock is what a Breaker may also tell: Store's.
 type outageClock interface {
 	DownUntil() time.Time
 	DownSince() time.Time
+	ChargesFellBack() bool
 }
 
 var _ quota.Limiter = (*Resilient)(nil)
@@ -60,7 +66,7 @@ type LevelSource interface {
 	OweUnder(key string, l quota.Limit, units int64)
 	// FellBack and FellBackIn keep what the fallback admitted of a
 	// window (Table.FellBack).
-	FellBack(key string, start, took int64)
+	FellBack(key string, l quota.Limit, start, took int64)
 	FellBackIn(key string, start int64) int64
 }
 
@@ -75,7 +81,7 @@ type Breaker interface {
 func NewResilient(primary quota.Limiter, levels LevelSource, fallback *local.Fallback, peers PeerCounter, breaker Breaker) *Resilient {
 	r := &Resilient{primary: primary, levels: levels, fallback: fallback, peers: peers, breaker: breaker, clock: time.Now}
 	if c, ok := breaker.(outageClock); ok {
-		r.downUntil, r.downSince = c.DownUntil, c.DownSince
+		r.downUntil, r.downSince, r.chargesFellBack = c.DownUntil, c.DownSince, c.ChargesFellBack
 	}
 	return r
 }
@@ -210,7 +216,7 @@ func (r *Resilient) Take(ctx context.Context, key string, l quota.Limit, n int64
 		if d.Allowed {
 			took = n
 		}
-		r.levels.FellBack(key, windowStartMicros(l, sentAt), took)
+		r.levels.FellBack(key, l, windowStartMicros(l, sentAt), took)
 	}
 	d.Degraded = quota.DegradedFallback
 	return d, nil
@@ -300,14 +306,31 @@ func restOfWindow(l quota.Limit, known *local.Level, lost, now time.Time) *local
 // none admitted more than its share. Without it, a window in which Redis
 // came back admitted the replicas' fallback shares and then the whole
 // limit again from Redis. The price is under-use: when the others
-// admitted less than their shares, the rest of the window is denied
-// what they did not use.
+// admitted less than their shares, the window is denied what they did
+// not use while their shares are held. Where every replica charges its
+// fallback's units to Redis as it comes back (Store.ChargesFellBack), the
+// others' shares are held until DownUntil only, the last instant another
+// replica may still be falling back: from then on each one's admissions
+// are in Redis's count. (Else for the rest of the window: the window in
+// which an outage ended admitted a third of the limit over three
+// replicas, and an hour's window, for the rest of its hour.)
 func (r *Resilient) hold(key string, l quota.Limit, now time.Time) windowHold {
 	h := windowHold{start: windowStartMicros(l, now)}
 	h.units = r.levels.FellBackIn(key, h.start)
-	if r.downUntil != nil && r.downUntil().UnixMicro() >= h.start {
+	if r.downUntil == nil {
+		return h
+	}
+	until := r.downUntil()
+	if until.UnixMicro() < h.start {
+		return h
+	}
+	charged := r.chargesFellBack != nil && r.chargesFellBack()
+	if !charged || until.After(now) {
 		peers := max(r.peers.Count(), 1)
 		h.units += (peers - 1) * quota.Share(l, peers).Limit
+		if charged {
+			h.until = until.UnixNano()
+		}
 	}
 	return h
 }

@@ -144,7 +144,13 @@ func (s *Store) decide(ctx context.Context, partition string, l quota.Limit, uni
 // windowHold is what a fixed or sliding window's call holds out of the
 // room of the window starting at start (unix µs; the scripts' reserve):
 // the fallback's admissions there that Redis never counted (Table.FellBack).
-type windowHold struct{ units, start int64 }
+type windowHold struct {
+	units, start int64
+	// until (unix ns), when not zero, is when the part of units held for
+	// the other replicas' fallbacks lapses (Resilient.hold): a denial
+	// the hold caused is not cached past it (Hybrid.renewLocked).
+	until int64
+}
 
 // decideHolding is decide, with hold held out of a fixed or sliding
 // window's room.

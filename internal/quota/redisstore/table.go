@@ -24,6 +24,12 @@ type Table struct {
 	// out keeps its debt for its next call.
 	owingMu sync.Mutex
 	owing   map[string]struct{}
+	// fell names the keys whose fallback admitted units of a window
+	// (FellBack) since the store last charged them as its master came
+	// back (Store.chargeFellBack), at most the table's bound of them: a
+	// key left out keeps its units held by its own calls only.
+	fellMu sync.Mutex
+	fell   map[string]struct{}
 }
 
 // keyState is one key's entry in a Table.
@@ -44,7 +50,11 @@ type keyState struct {
 	// the key in by its fallback while Redis was out of its reach (see
 	// FellBack).
 	fellBack windowFallback
-	slice    // hybrid mode's lease
+	// fellBackUnder is the limit fellBack's units were admitted under,
+	// for the charge as Redis comes back (Store.chargeFellBack); nil
+	// until the fallback first admitted some.
+	fellBackUnder *quota.Limit
+	slice         // hybrid mode's lease
 }
 
 // windowFallback is what a replica's fallback admitted in one window of
@@ -56,7 +66,7 @@ type windowFallback struct {
 
 // NewTable returns a table of at most maxKeys keys.
 func NewTable(maxKeys int) (*Table, error) {
-	t := &Table{owing: map[string]struct{}{}}
+	t := &Table{owing: map[string]struct{}{}, fell: map[string]struct{}{}}
 	c, err := localcache.New(maxKeys, func(key string, e *keyState) {
 		if fn := t.onEvict.Load(); fn != nil {
 			(*fn)(key, e)
@@ -183,13 +193,81 @@ func (t *Table) takeDebt(key string) int64 {
 // to Redis hold them out of the window's room (Resilient.hold): Redis
 // counted none of them, and without this a window in which Redis came
 // back would admit its fallback share and then its whole limit again.
-func (t *Table) FellBack(key string, start, took int64) {
+//
+// Units admitted under l are also charged to the window's Redis count as
+// the store comes back (Store.chargeFellBack, takeFellBack), so that the
+// other replicas' calls need not hold them once every replica is back
+// (Resilient.hold).
+func (t *Table) FellBack(key string, l quota.Limit, start, took int64) {
 	sh := t.Lock(key)
 	e := stateLocked(sh, key)
 	if e.fellBack.start != start {
 		e.fellBack = windowFallback{start: start}
 	}
 	e.fellBack.took += took
+	if took > 0 {
+		if e.fellBackUnder == nil {
+			e.fellBackUnder = new(quota.Limit)
+		}
+		*e.fellBackUnder = l
+	}
+	sh.Unlock()
+	if took > 0 {
+		t.markFell(key)
+	}
+}
+
+// markFell names key for the next charge of fallback units.
+func (t *Table) markFell(key string) {
+	t.fellMu.Lock()
+	if len(t.fell) < t.Bound() {
+		t.fell[key] = struct{}{}
+	}
+	t.fellMu.Unlock()
+}
+
+// fellBackUnits are the units a replica's fallback admitted of one
+// key's window, taken for charging (takeFellBack).
+type fellBackUnits struct {
+	key   string
+	limit quota.Limit
+	start int64 // the window's, unix µs
+	units int64
+}
+
+// takeFellBack takes the keys FellBack named since the last call, with
+// the units their fallback admitted in the window starting at now's
+// (unix µs, each key's own window length): those of an ended window have
+// nothing left to hold. The units stay held by the key's own calls
+// (FellBackIn) until chargedFellBack says Redis counted them; a key the
+// caller could not charge is named again with markFell.
+func (t *Table) takeFellBack(now int64) []fellBackUnits {
+	t.fellMu.Lock()
+	keys := t.fell
+	t.fell = map[string]struct{}{}
+	t.fellMu.Unlock()
+	out := make([]fellBackUnits, 0, len(keys))
+	for key := range keys {
+		sh := t.Lock(key)
+		if e, ok := sh.Peek(key); ok && e.fellBack.took > 0 && e.fellBackUnder != nil {
+			l := *e.fellBackUnder
+			w := max(int64(l.Window/time.Microsecond), 1)
+			if e.fellBack.start == now-now%w {
+				out = append(out, fellBackUnits{key: key, limit: l, start: e.fellBack.start, units: e.fellBack.took})
+			}
+		}
+		sh.Unlock()
+	}
+	return out
+}
+
+// chargedFellBack takes units Redis has counted off what key's own calls
+// hold of the window starting at start.
+func (t *Table) chargedFellBack(key string, start, units int64) {
+	sh := t.Lock(key)
+	if e, ok := sh.Peek(key); ok && e.fellBack.start == start {
+		e.fellBack.took = max(e.fellBack.took-units, 0)
+	}
 	sh.Unlock()
 }
 

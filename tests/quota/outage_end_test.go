@@ -1,0 +1,139 @@
+package quota_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/extauthz/extauthz/internal/quota"
+	"github.com/extauthz/extauthz/internal/quota/redisstore"
+	"github.com/extauthz/extauthz/tests/internal/testredis"
+)
+
+// The window in which an outage ends is not paid for twice, nor admitted
+// twice. Replica A falls back while Redis is frozen and admits its share
+// of two keys' hour window; B and C had no traffic then. As A comes back
+// it charges what its fallback admitted to the window's Redis count
+// (Store.chargeFellBack), and its calls hold the others' shares out of
+// the window's room only until DownUntil (a probe round after its
+// return), the last instant another replica could still be falling back.
+// So the window admits its limit, exactly, through A alone and through B
+// and C. Before, A's calls held the others' shares for the rest of the
+// hour, and through A the window admitted 10 of 30 (A's fallback 4, the
+// hour's part left then, and 6 from Redis); and Redis had counted none
+// of A's admissions, so B and C admitted the whole limit on top of them:
+// 34 of 30. Three replicas at the shipped breaker timings over one real
+// Redis, each its own store; the windows and the outage are real time,
+// which is the point.
+func TestOutageEndsWithoutPayingTwice(t *testing.T) {
+	for _, mode := range []string{"redis", "hybrid"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := testredis.Start(t)
+			var replicas []*redisstore.Resilient
+			var metrics []*redisstore.Metrics
+			for i := range 3 {
+				clients, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: []string{srv.Addr}, Name: fmt.Sprintf("replica-%d", i)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { clients.Close() })
+				m := redisstore.NewMetrics(nil)
+				store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet}))
+				t.Cleanup(store.Close)
+				table := newTable(t)
+				store.ChargeDebtsOf(table) // as redisstore.Open wires it: what a replica's fallback admitted is charged as Redis comes back
+				replicas = append(replicas, resilientStackOn(t, mode, store, table, m, time.Now, 3, redisstore.HybridOptions{}))
+				metrics = append(metrics, m)
+			}
+			a := replicas[0]
+			const limit = 30 // a share of 10 a replica
+			l := quota.Limit{Algorithm: quota.FixedWindow, Limit: limit, Window: time.Hour, OnError: quota.ErrorFallback}
+			if left := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); left < 30*time.Second {
+				time.Sleep(left + 10*time.Millisecond) // the run must fit in one hour's window: real time is the point
+			}
+			ctx := context.Background()
+			take := func(r *redisstore.Resilient, key string) quota.Decision {
+				t.Helper()
+				d, err := r.Take(ctx, key, l, 1, time.Now())
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			for _, r := range replicas {
+				if d := take(r, "warm"); !d.Allowed || d.Degraded != 0 {
+					t.Fatalf("Redis healthy: %+v", d)
+				}
+			}
+
+			// Redis frozen: A's breaker opens (its call stalls), and its
+			// fallback admits its share of each key.
+			srv.Freeze()
+			thawed := false
+			t.Cleanup(func() {
+				if !thawed {
+					srv.Thaw()
+				}
+			})
+			for deadline := time.Now().Add(3 * time.Second); take(a, "probe").Degraded == 0; {
+				if time.Now().After(deadline) {
+					t.Fatal("Redis frozen 3s: A still decides through it")
+				}
+			}
+			fell := map[string]int{}
+			for _, key := range []string{"through-a", "through-others"} {
+				for range limit {
+					d := take(a, key)
+					if d.Degraded != quota.DegradedFallback {
+						t.Fatalf("Redis frozen, A's breaker open: %+v", d)
+					}
+					if d.Allowed {
+						fell[key]++
+					}
+				}
+				if fell[key] == 0 || fell[key] > limit/3 {
+					t.Fatalf("A's fallback admitted %d of %s; want some, its share (%d) at most", fell[key], key, limit/3)
+				}
+			}
+
+			// Redis back: A returns within a probe round, then a request
+			// every 10ms for 2s (past A's DownUntil, a probe round after
+			// its return): through-a through A, through-others through B
+			// and C in turn.
+			srv.Thaw()
+			thawed = true
+			for deadline := time.Now().Add(3 * time.Second); take(a, "probe").Degraded != 0; {
+				if time.Now().After(deadline) {
+					t.Fatal("Redis back 3s: A still falls back")
+				}
+			}
+			admitted := map[string]int{}
+			for i, end := 0, time.Now().Add(2*time.Second); time.Now().Before(end); i++ {
+				for _, ask := range []struct {
+					key string
+					r   *redisstore.Resilient
+				}{{"through-a", a}, {"through-others", replicas[1+i%2]}} {
+					d := take(ask.r, ask.key)
+					if d.Degraded != 0 {
+						t.Fatalf("Redis back: %s: %+v", ask.key, d)
+					}
+					if d.Allowed {
+						admitted[ask.key]++
+					}
+				}
+				time.Sleep(10 * time.Millisecond) // a request every 10ms, for 2s of real time
+			}
+			for _, key := range []string{"through-a", "through-others"} {
+				if total := fell[key] + admitted[key]; total != limit {
+					t.Errorf("%s: the hour's window admitted %d by A's fallback and %d from Redis after: %d; want its limit, %d", key, fell[key], admitted[key], total, limit)
+				}
+			}
+			if charged := testutil.ToFloat64(metrics[0].Calls.WithLabelValues("fell_back", "ok")); charged != 3 {
+				t.Errorf("A charged %v windows as it came back; want the 3 its fallback admitted in (probe, through-a, through-others)", charged)
+			}
+		})
+	}
+}
