@@ -22,14 +22,7 @@ import (
 // and lets its reply go once the pause ends, as a slow link does.
 func TestLateReplyIsGivenBack(t *testing.T) {
 	srv := testredis.Start(t)
-	clients, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: []string{srv.Addr}, Name: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer clients.Close()
-	m := redisstore.NewMetrics(nil)
-	store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet}))
-	defer store.Close()
+	store, m := pipeStore(t, srv, "test", nil)
 	table := newTable(t)
 	lim := redisstore.NewRedis(store, table)
 	// An hour's window: refill (one token per 6 minutes) plays no part.
@@ -51,7 +44,7 @@ func TestLateReplyIsGivenBack(t *testing.T) {
 	// 60ms of deadline: the store keeps a tenth, so the call is given
 	// up after 54ms, well inside the read timeout (the store's 150ms).
 	late, cancel := context.WithTimeout(ctx, 60*time.Millisecond)
-	_, err = lim.Take(late, "k", l, 1, time.Now())
+	_, err := lim.Take(late, "k", l, 1, time.Now())
 	cancel()
 	if err == nil {
 		t.Fatal("a call held by CLIENT PAUSE for 120ms answered within 54ms")

@@ -142,16 +142,9 @@ func startLate(t *testing.T, mode string, at time.Duration, l quota.Limit) *late
 	// 150ms read timeout, and no reply came for the call to be late with.
 	// At hz 100 it ends within 10ms of its length.
 	srv := testredis.Start(t, "--hz", "100")
-	clients, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: []string{srv.Addr}, Name: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { clients.Close() })
 	clk := newClock()
 	clk.Advance(time.Now().Truncate(time.Hour).Add(time.Hour + at).Sub(clk.Now()))
-	m := redisstore.NewMetrics(nil)
-	store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet, Clock: clk.Now}))
-	t.Cleanup(store.Close)
+	store, m := pipeStore(t, srv, "test", clk.Now)
 	// One replica: its fallback's share is the whole window.
 	lw := &lateWindow{srv: srv, clk: clk, m: m, r: resilientStack(t, mode, store, m, clk.Now, 1, redisstore.HybridOptions{}), l: l}
 	// Another key first, so that Redis holds the script: a call held by

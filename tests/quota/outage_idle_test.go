@@ -29,14 +29,7 @@ import (
 // depends on whether the outage was known to have begun before the window.
 func TestHybridLearnsOfAnOutageWithoutCalls(t *testing.T) {
 	srv := testredis.Start(t)
-	clients, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: []string{srv.Addr}, Name: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { clients.Close() })
-	m := redisstore.NewMetrics(nil)
-	store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet}))
-	t.Cleanup(store.Close)
+	store, m := pipeStore(t, srv, "test", nil)
 	// One replica: its fallback's share is the whole limit.
 	r := resilientStack(t, "hybrid", store, m, time.Now, 1, redisstore.HybridOptions{})
 	const limit = 10

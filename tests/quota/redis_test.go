@@ -333,6 +333,23 @@ func TestPeersMinPeersUntilTheSecondHeartbeat(t *testing.T) {
 }
 
 // newTable is a table of the levels Redis reports and hybrid slices.
+// pipeStore returns a store on srv over the clients cmd/extauthz uses
+// (autopipelined, a probe connection of its own) at the shipped breaker
+// timings, named name, with its metrics; clock is the scripts' (nil:
+// Redis TIME). Both close with the test.
+func pipeStore(t *testing.T, srv *testredis.Server, name string, clock func() time.Time) (*redisstore.Store, *redisstore.Metrics) {
+	t.Helper()
+	clients, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: []string{srv.Addr}, Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { clients.Close() })
+	m := redisstore.NewMetrics(nil)
+	store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet, Clock: clock}))
+	t.Cleanup(store.Close)
+	return store, m
+}
+
 func newTable(t testing.TB) *redisstore.Table {
 	t.Helper()
 	table, err := redisstore.NewTable(1000)
