@@ -185,7 +185,10 @@ type Options struct {
 	// Down, when set, is told that a server was marked down, with the
 	// instant the confirmation that failed began: the outage was under
 	// way then.
-	Down    func(since time.Time)
+	Down func(since time.Time)
+	// Back, when set, runs after a server was marked up again (its
+	// calls go through from then on), on the watch's goroutine.
+	Back    func()
 	Metrics Metrics
 	Log     *slog.Logger
 	// Now is the breaker's clock; nil: time.Now. The calls' instants
@@ -551,6 +554,9 @@ func (b *Breaker) markUp(n *Node) {
 	n.down.Store(false)
 	b.opts.Log.Info("redis is back; policies return to their mode", n.logAttrs()...)
 	b.nodeDown(-1)
+	if b.opts.Back != nil {
+		b.opts.Back()
+	}
 }
 
 // nodeDown counts a node marked down (+1) or back (-1): the store is up

@@ -74,6 +74,11 @@ func (s *Store) chargeDebts(ctx context.Context) {
 // (Table.chargedFellBack); one that cannot be charged stays held by them
 // and is named again. A charge that lands in the next window (Redis's
 // clock turned it meanwhile) counts there: less admitted, never more.
+//
+// On a Cluster it runs as each master comes back (back), for the keys of
+// the masters that are up: a key whose master is still down keeps its
+// units, named again for the next master's return, and its own calls
+// hold them meanwhile.
 func (s *Store) chargeFellBack(ctx context.Context, t *Table) {
 	now := time.Now()
 	if s.opts.Clock != nil {
@@ -81,6 +86,10 @@ func (s *Store) chargeFellBack(ctx context.Context, t *Table) {
 	}
 	units := t.takeFellBack(now.UnixMicro())
 	for i, u := range units {
+		if s.opts.Router != nil && s.breaker.NodeFor(ctx, s.key(u.key)).Down() {
+			t.markFell(u.key)
+			continue
+		}
 		if ctx.Err() != nil || !s.chargeWindow(ctx, u) {
 			for _, left := range units[i:] {
 				t.markFell(left.key)
@@ -112,10 +121,26 @@ func (s *Store) chargeWindow(ctx context.Context, u fellBackUnits) bool {
 }
 
 // ChargesFellBack reports whether the store charges the windows'
-// fallback units as Redis comes back (chargeFellBack): a standalone
-// server's store (or Sentinel's) wired to a table; not a Cluster's, whose
-// masters come back one by one (each key's own calls hold its units).
-func (s *Store) ChargesFellBack() bool { return s.opts.Router == nil && s.debts.Load() != nil }
+// fallback units as Redis comes back (chargeFellBack): a store wired to
+// a table (redisstore.Open wires every one).
+func (s *Store) ChargesFellBack() bool { return s.debts.Load() != nil }
+
+// back runs after the breaker let a server back: on a Cluster, whose
+// masters come back one by one, it charges the windows' fallback units
+// of the keys whose masters are up (a standalone store charged them in
+// Warm, before decisions reached it). Decisions may reach the master
+// before the charge does; until it lands their calls hold the units
+// (Resilient.hold): the key's own, and the other replicas' shares until
+// DownUntil.
+func (s *Store) back() {
+	t := s.debts.Load()
+	if t == nil || s.opts.Router == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), chargeDebtsBudget)
+	defer cancel()
+	s.chargeFellBack(ctx, t)
+}
 
 // chargeDebt charges d to its bucket and grants nothing (a take of 0
 // with 1 needed asks without taking, and sets no penalty box). It

@@ -136,6 +136,7 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 		WholeKey:     s.peersKey(),
 		Warm:         s.Warm,
 		Down:         s.markDown,
+		Back:         s.back,
 		Metrics:      opts.Metrics.breakerMetrics(),
 		Log:          opts.Log,
 	})
