@@ -164,7 +164,7 @@ type leaser interface {
 	// giveBack, giveBackWindow and refund return unspent units.
 	giveBack(ctx context.Context, partition string, n int64, h held) (returned, error)
 	giveBackWindow(ctx context.Context, partition string, l quota.Limit, ws, units int64) error
-	refund(ctx context.Context, partition string, l quota.Limit, units int64) error
+	refund(ctx context.Context, partition string, l quota.Limit, units int64, taken time.Time) error
 	// decide is an exact decision, for what hybrid mode does not lease.
 	decide(ctx context.Context, partition string, l quota.Limit, units, debt int64) (quota.Decision, error)
 	// peek and reset serve the counters API (inspect.go).
@@ -704,7 +704,7 @@ func maxSlice(capacity, peers int64) int64 { return max(capacity/(4*peers), 1) }
 // ended, to Redis.
 func (h *Hybrid) Refund(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) error {
 	if !leases(l) {
-		return h.store.refund(ctx, key, l, n)
+		return h.store.refund(ctx, key, l, n, now)
 	}
 	sh := h.table.Lock(key)
 	if e, ok := sh.Peek(key); ok && !e.evicted && e.lease.holds(l.Algorithm, now) {
@@ -714,7 +714,14 @@ func (h *Hybrid) Refund(ctx context.Context, key string, l quota.Limit, n int64,
 		return nil
 	}
 	sh.Unlock()
-	h.enqueue(giveback{key: key, algorithm: l.Algorithm, window: l.Window, lease: held{unspent: n}, reason: ReturnRefund})
+	g := giveback{key: key, algorithm: l.Algorithm, window: l.Window, lease: held{unspent: n}, reason: ReturnRefund}
+	if l.Algorithm != quota.TokenBucket {
+		// To the window the units were taken in (now's), as a window
+		// lease goes back to its own: after the window turned, the next
+		// one never counted them.
+		g.lease.id = windowStartMicros(l, now)
+	}
+	h.enqueue(g)
 	return nil
 }
 
@@ -784,7 +791,7 @@ func (h *Hybrid) giveBack(ctx context.Context, g giveback) {
 		}
 		l := quota.Limit{Algorithm: g.algorithm, Window: g.window}
 		if g.lease.id == 0 {
-			err = h.store.refund(ctx, g.key, l, g.lease.unspent) // a refund, made with its decision
+			err = h.store.refund(ctx, g.key, l, g.lease.unspent, time.Time{}) // a refund, made with its decision
 		} else {
 			// To the window the lease was counted in (its id), and only
 			// there: a lease given back a window later must not credit a

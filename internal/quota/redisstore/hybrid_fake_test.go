@@ -124,7 +124,9 @@ func (f *fakeRedis) leaseWindow(context.Context, string, quota.Limit, leaseAsk, 
 func (f *fakeRedis) giveBackWindow(context.Context, string, quota.Limit, int64, int64) error {
 	return errNotModelled
 }
-func (f *fakeRedis) refund(context.Context, string, quota.Limit, int64) error { return errNotModelled }
+func (f *fakeRedis) refund(context.Context, string, quota.Limit, int64, time.Time) error {
+	return errNotModelled
+}
 func (f *fakeRedis) decide(context.Context, string, quota.Limit, int64, int64) (quota.Decision, error) {
 	return quota.Decision{}, errNotModelled
 }

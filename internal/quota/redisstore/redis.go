@@ -45,6 +45,6 @@ func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, no
 }
 
 // Refund implements quota.Limiter.
-func (r *Redis) Refund(ctx context.Context, key string, l quota.Limit, n int64, _ time.Time) error {
-	return r.store.refund(ctx, key, l, n)
+func (r *Redis) Refund(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) error {
+	return r.store.refund(ctx, key, l, n, now)
 }

@@ -253,11 +253,16 @@ func (s *Store) undoWindowLate(partition string, l quota.Limit, v any, fate *lat
 // read: the script's take is of nothing (want and need 0), so its limit
 // decides nothing, and nothing is blocked (no block_for).
 func (s *Store) giveBackWindow(ctx context.Context, partition string, l quota.Limit, ws, units int64) error {
+	return s.giveBackWindowAs(ctx, "return", partition, l, ws, units)
+}
+
+// giveBackWindowAs is giveBackWindow, counted as op.
+func (s *Store) giveBackWindowAs(ctx context.Context, op, partition string, l quota.Limit, ws, units int64) error {
 	script := fixedWindowScript
 	if l.Algorithm == quota.SlidingWindow {
 		script = slidingWindowScript
 	}
-	_, err := s.run(ctx, "return", script, []string{s.algorithmKey(partition, l.Algorithm)},
+	_, err := s.run(ctx, op, script, []string{s.algorithmKey(partition, l.Algorithm)},
 		windowMicros(l), l.Limit, s.nowArg(time.Microsecond), 0, 0, "", ws, units, "", "")
 	return err
 }
@@ -331,8 +336,14 @@ func decisionOf(script string, l quota.Limit, v any) (quota.Decision, error) {
 	}, nil
 }
 
-// refund gives back units that decide admitted for partition under l.
-func (s *Store) refund(ctx context.Context, partition string, l quota.Limit, units int64) error {
+// refund gives back units that decide admitted for partition under l at
+// taken (the take's instant; zero: not known). A fixed or sliding
+// window's go back to the window that counted them, the one holding
+// taken, and only there (giveBackWindow, as a lease's): a refund made
+// after the window turned must not credit the next window, which never
+// counted them (window_refund.lua, used when taken is not known, credits
+// the window holding Redis's clock).
+func (s *Store) refund(ctx context.Context, partition string, l quota.Limit, units int64, taken time.Time) error {
 	if l.Calendar != nil {
 		return s.refundCalendar(ctx, partition, l, units)
 	}
@@ -344,10 +355,15 @@ func (s *Store) refund(ctx context.Context, partition string, l quota.Limit, uni
 	now := s.nowArg(time.Microsecond)
 	var err error
 	switch l.Algorithm {
-	case quota.FixedWindow:
-		_, err = s.run(ctx, "refund", windowRefundScript, key, windowMicros(l), 0, now, units)
-	case quota.SlidingWindow:
-		_, err = s.run(ctx, "refund", windowRefundScript, key, windowMicros(l), 1, now, units)
+	case quota.FixedWindow, quota.SlidingWindow:
+		if !taken.IsZero() {
+			return s.giveBackWindowAs(ctx, "refund", partition, l, windowStartMicros(l, taken), units)
+		}
+		sliding := 0
+		if l.Algorithm == quota.SlidingWindow {
+			sliding = 1
+		}
+		_, err = s.run(ctx, "refund", windowRefundScript, key, windowMicros(l), sliding, now, units)
 	case quota.SlidingLog:
 		_, err = s.run(ctx, "refund", logRefundScript, key, units)
 	case quota.LeakyBucket:
