@@ -22,7 +22,7 @@ import (
 // and lets its reply go once the pause ends, as a slow link does.
 func TestLateReplyIsGivenBack(t *testing.T) {
 	srv := testredis.Start(t)
-	store, m := pipeStore(t, srv, "test", nil)
+	store, m := pipeStore(t, []string{srv.Addr}, "test", nil)
 	table := newTable(t)
 	lim := redisstore.NewRedis(store, table)
 	// An hour's window: refill (one token per 6 minutes) plays no part.

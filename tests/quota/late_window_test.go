@@ -144,7 +144,7 @@ func startLate(t *testing.T, mode string, at time.Duration, l quota.Limit) *late
 	srv := testredis.Start(t, "--hz", "100")
 	clk := newClock()
 	clk.Advance(time.Now().Truncate(time.Hour).Add(time.Hour + at).Sub(clk.Now()))
-	store, m := pipeStore(t, srv, "test", clk.Now)
+	store, m := pipeStore(t, []string{srv.Addr}, "test", clk.Now)
 	// One replica: its fallback's share is the whole window.
 	lw := &lateWindow{srv: srv, clk: clk, m: m, r: resilientStack(t, mode, store, m, clk.Now, 1, redisstore.HybridOptions{}), l: l}
 	// Another key first, so that Redis holds the script: a call held by

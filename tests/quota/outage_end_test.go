@@ -96,14 +96,7 @@ func outageEndsWithoutPayingTwice(t *testing.T, mode string, site outageSite) {
 	var replicas []*redisstore.Resilient
 	var metrics []*redisstore.Metrics
 	for i := range 3 {
-		clients, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: site.addrs, Name: fmt.Sprintf("replica-%d", i)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { clients.Close() })
-		m := redisstore.NewMetrics(nil)
-		store := redisstore.NewStore(clients.Pipe, clients.StoreOptions(redisstore.StoreOptions{Prefix: "rl:", Metrics: m, Log: quiet}))
-		t.Cleanup(store.Close)
+		store, m := pipeStore(t, site.addrs, fmt.Sprintf("replica-%d", i), nil)
 		table := newTable(t)
 		store.ChargeDebtsOf(table) // as redisstore.Open wires it: what a replica's fallback admitted is charged as Redis comes back
 		replicas = append(replicas, resilientStackOn(t, mode, store, table, m, time.Now, 3, redisstore.HybridOptions{}))

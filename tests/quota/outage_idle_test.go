@@ -29,7 +29,7 @@ import (
 // depends on whether the outage was known to have begun before the window.
 func TestHybridLearnsOfAnOutageWithoutCalls(t *testing.T) {
 	srv := testredis.Start(t)
-	store, m := pipeStore(t, srv, "test", nil)
+	store, m := pipeStore(t, []string{srv.Addr}, "test", nil)
 	// One replica: its fallback's share is the whole limit.
 	r := resilientStack(t, "hybrid", store, m, time.Now, 1, redisstore.HybridOptions{})
 	const limit = 10

@@ -333,13 +333,13 @@ func TestPeersMinPeersUntilTheSecondHeartbeat(t *testing.T) {
 }
 
 // newTable is a table of the levels Redis reports and hybrid slices.
-// pipeStore returns a store on srv over the clients cmd/extauthz uses
+// pipeStore returns a store on addrs over the clients cmd/extauthz uses
 // (autopipelined, a probe connection of its own) at the shipped breaker
 // timings, named name, with its metrics; clock is the scripts' (nil:
 // Redis TIME). Both close with the test.
-func pipeStore(t *testing.T, srv *testredis.Server, name string, clock func() time.Time) (*redisstore.Store, *redisstore.Metrics) {
+func pipeStore(t *testing.T, addrs []string, name string, clock func() time.Time) (*redisstore.Store, *redisstore.Metrics) {
 	t.Helper()
-	clients, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: []string{srv.Addr}, Name: name})
+	clients, err := redisstore.NewClients(redisstore.ClientOptions{Addrs: addrs, Name: name})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,6 @@ package redisstore
 import (
 	"context"
 	"time"
-
-	"github.com/extauthz/extauthz/internal/quota"
 )
 
 // Fallback debts are charged as the store comes back, not key by key.
@@ -84,7 +82,7 @@ func (s *Store) chargeFellBack(ctx context.Context, t *Table) {
 	if s.opts.Clock != nil {
 		now = s.opts.Clock()
 	}
-	units := t.takeFellBack(now.UnixMicro())
+	units := t.takeFellBack(now)
 	for i, u := range units {
 		if s.opts.Router != nil && s.breaker.NodeFor(ctx, s.key(u.key)).Down() {
 			t.markFell(u.key)
@@ -106,10 +104,7 @@ func (s *Store) chargeFellBack(ctx context.Context, t *Table) {
 func (s *Store) chargeWindow(ctx context.Context, u fellBackUnits) bool {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
-	script := fixedWindowScript
-	if u.limit.Algorithm == quota.SlidingWindow {
-		script = slidingWindowScript
-	}
+	script, _ := windowScript(u.limit.Algorithm)
 	err := script.Run(ctx, s.rdb, []string{s.algorithmKey(u.key, u.limit.Algorithm)},
 		windowMicros(u.limit), u.limit.Limit, s.nowArg(time.Microsecond), u.units, "", "", "", "", "1", "", "", "").Err()
 	result := "ok"

@@ -188,10 +188,7 @@ func (s *Store) decideHolding(ctx context.Context, partition string, l quota.Lim
 	undo := !l.Charges(units)
 	switch l.Algorithm {
 	case quota.FixedWindow, quota.SlidingWindow:
-		script, name := fixedWindowScript, "fixed_window"
-		if l.Algorithm == quota.SlidingWindow {
-			script, name = slidingWindowScript, "sliding_window"
-		}
+		script, name := windowScript(l.Algorithm)
 		var late lateFunc
 		if undo {
 			late = func(v any, fate *lateFate) { s.undoWindowLate(partition, l, v, fate) }
@@ -256,12 +253,18 @@ func (s *Store) giveBackWindow(ctx context.Context, partition string, l quota.Li
 	return s.giveBackWindowAs(ctx, "return", partition, l, ws, units)
 }
 
+// windowScript is the script of window algorithm a (fixed or sliding)
+// and its name as a call's op.
+func windowScript(a quota.Algorithm) (*redis.Script, string) {
+	if a == quota.SlidingWindow {
+		return slidingWindowScript, "sliding_window"
+	}
+	return fixedWindowScript, "fixed_window"
+}
+
 // giveBackWindowAs is giveBackWindow, counted as op.
 func (s *Store) giveBackWindowAs(ctx context.Context, op, partition string, l quota.Limit, ws, units int64) error {
-	script := fixedWindowScript
-	if l.Algorithm == quota.SlidingWindow {
-		script = slidingWindowScript
-	}
+	script, _ := windowScript(l.Algorithm)
 	_, err := s.run(ctx, op, script, []string{s.algorithmKey(partition, l.Algorithm)},
 		windowMicros(l), l.Limit, s.nowArg(time.Microsecond), 0, 0, "", ws, units, "", "")
 	return err

@@ -22,14 +22,40 @@ type Table struct {
 	// since the store last charged debts as its master came back
 	// (Store.chargeDebts), at most the table's bound of them: a key left
 	// out keeps its debt for its next call.
-	owingMu sync.Mutex
-	owing   map[string]struct{}
+	owing namedKeys
 	// fell names the keys whose fallback admitted units of a window
 	// (FellBack) since the store last charged them as its master came
 	// back (Store.chargeFellBack), at most the table's bound of them: a
 	// key left out keeps its units held by its own calls only.
-	fellMu sync.Mutex
-	fell   map[string]struct{}
+	fell namedKeys
+}
+
+// namedKeys is a set of keys named for a later pass (owing, fell), at
+// most a bound of them; safe for concurrent use.
+type namedKeys struct {
+	mu sync.Mutex
+	m  map[string]struct{}
+}
+
+// add names key unless bound keys are named already.
+func (n *namedKeys) add(key string, bound int) {
+	n.mu.Lock()
+	if n.m == nil {
+		n.m = map[string]struct{}{}
+	}
+	if len(n.m) < bound {
+		n.m[key] = struct{}{}
+	}
+	n.mu.Unlock()
+}
+
+// take returns the keys named and names none.
+func (n *namedKeys) take() map[string]struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	keys := n.m
+	n.m = nil
+	return keys
 }
 
 // keyState is one key's entry in a Table.
@@ -66,7 +92,7 @@ type windowFallback struct {
 
 // NewTable returns a table of at most maxKeys keys.
 func NewTable(maxKeys int) (*Table, error) {
-	t := &Table{owing: map[string]struct{}{}, fell: map[string]struct{}{}}
+	t := &Table{}
 	c, err := localcache.New(maxKeys, func(key string, e *keyState) {
 		if fn := t.onEvict.Load(); fn != nil {
 			(*fn)(key, e)
@@ -138,11 +164,7 @@ func (t *Table) OweUnder(key string, l quota.Limit, units int64) {
 	}
 	*e.owedUnder = l
 	sh.Unlock()
-	t.owingMu.Lock()
-	if len(t.owing) < t.Bound() {
-		t.owing[key] = struct{}{}
-	}
-	t.owingMu.Unlock()
+	t.owing.add(key, t.Bound())
 }
 
 // owed is one key's debt taken for charging (takeOwed).
@@ -158,10 +180,7 @@ type owed struct {
 // Keys evicted since, or whose debt a call charged meanwhile, are
 // skipped; a window's debt (charge: always) stays for its next call.
 func (t *Table) takeOwed() []owed {
-	t.owingMu.Lock()
-	keys := t.owing
-	t.owing = map[string]struct{}{}
-	t.owingMu.Unlock()
+	keys := t.owing.take()
 	out := make([]owed, 0, len(keys))
 	for key := range keys {
 		sh := t.Lock(key)
@@ -218,13 +237,7 @@ func (t *Table) FellBack(key string, l quota.Limit, start, took int64) {
 }
 
 // markFell names key for the next charge of fallback units.
-func (t *Table) markFell(key string) {
-	t.fellMu.Lock()
-	if len(t.fell) < t.Bound() {
-		t.fell[key] = struct{}{}
-	}
-	t.fellMu.Unlock()
-}
+func (t *Table) markFell(key string) { t.fell.add(key, t.Bound()) }
 
 // fellBackUnits are the units a replica's fallback admitted of one
 // key's window, taken for charging (takeFellBack).
@@ -236,23 +249,18 @@ type fellBackUnits struct {
 }
 
 // takeFellBack takes the keys FellBack named since the last call, with
-// the units their fallback admitted in the window starting at now's
-// (unix µs, each key's own window length): those of an ended window have
-// nothing left to hold. The units stay held by the key's own calls
+// the units their fallback admitted in the window holding now (each
+// key's own window length): those of an ended window have nothing left
+// to hold. The units stay held by the key's own calls
 // (FellBackIn) until chargedFellBack says Redis counted them; a key the
 // caller could not charge is named again with markFell.
-func (t *Table) takeFellBack(now int64) []fellBackUnits {
-	t.fellMu.Lock()
-	keys := t.fell
-	t.fell = map[string]struct{}{}
-	t.fellMu.Unlock()
+func (t *Table) takeFellBack(now time.Time) []fellBackUnits {
+	keys := t.fell.take()
 	out := make([]fellBackUnits, 0, len(keys))
 	for key := range keys {
 		sh := t.Lock(key)
 		if e, ok := sh.Peek(key); ok && e.fellBack.took > 0 && e.fellBackUnder != nil {
-			l := *e.fellBackUnder
-			w := max(int64(l.Window/time.Microsecond), 1)
-			if e.fellBack.start == now-now%w {
+			if l := *e.fellBackUnder; e.fellBack.start == windowStartMicros(l, now) {
 				out = append(out, fellBackUnits{key: key, limit: l, start: e.fellBack.start, units: e.fellBack.took})
 			}
 		}
