@@ -423,11 +423,13 @@ func TestBreakerAsksAnIdleServerBeforeAWindowTurns(t *testing.T) {
 	r.b.Want(at(time.Hour).UnixNano())
 	r.b.Want(at(4 * time.Second).UnixNano()) // the nearest turn is the one asked for
 	r.b.Want(at(time.Minute).UnixNano())
-	r.p.set(r.answerAfter(callTimeout, context.DeadlineExceeded))
+	hold := make(chan struct{}) // the probe waits, so that the confirmation is seen running
+	r.p.set(func(probeCall) error { <-hold; r.clock.Advance(callTimeout); return context.DeadlineExceeded })
 	r.clock.Advance(3900 * ms) // the confirmation reads the clock: it begins then
 	if r.b.watchAt(at(3900 * ms)); !r.confirming(n) {
 		t.Fatal("not asked 100ms before the turn of a window served without calls")
 	}
+	close(hold)
 	if !r.verdict(t, n) {
 		t.Fatal("an idle server whose probe timed out is not down")
 	}
