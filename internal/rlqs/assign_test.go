@@ -117,3 +117,40 @@ func TestTTLSeconds(t *testing.T) {
 		}
 	}
 }
+
+// A bucket replaced by a new assignment is charged for as long as it can
+// run. Envoy swaps the two when the assignment arrives, at some instant a
+// between now and now + deliveryAllowance: the old one admits until a,
+// the new one from a. Whatever a is, what the two can admit is paid (the
+// old one's payment less its credit, plus the new one's cost from now to
+// the end of its life). A bucket that refills no slower than the old one
+// is not charged that second twice: with the swap at now, what is paid is
+// exactly what the two can admit.
+func TestCreditCoversTheSwap(t *testing.T) {
+	now := t0.Add(10 * time.Second)
+	until := now.Add(4 * time.Second)
+	old := bucketSpec{MaxTokens: 6, TokensPerFill: 3, FillSeconds: 1}
+	for _, c := range []struct {
+		name string
+		next bucketSpec
+	}{
+		{"grows", bucketSpec{MaxTokens: 20, TokensPerFill: 9, FillSeconds: 1}},
+		{"same rate", bucketSpec{MaxTokens: 5, TokensPerFill: 3, FillSeconds: 1}},
+		{"shrinks", bucketSpec{MaxTokens: 2, TokensPerFill: 1, FillSeconds: 1}},
+		{"to a slice", bucketSpec{MaxTokens: 5, TokensPerFill: 1, FillSeconds: noRefill}},
+	} {
+		h := &held{last: actionTokens, spec: old, start: t0.Add(8 * time.Second), paidUntil: now.Add(2 * time.Second)}
+		h.paid = old.admits(h.start, h.paidUntil)
+		paid := h.paid - h.credit(now, c.next) + c.next.admits(now, until)
+		for a := now; !a.After(now.Add(deliveryAllowance)); a = a.Add(100 * time.Millisecond) {
+			if can := old.admits(h.start, a) + c.next.admits(a, until); can > paid {
+				t.Errorf("%s: with the swap %v after the assignment was sent, the two buckets can admit %d; %d were paid", c.name, a.Sub(now), can, paid)
+			}
+		}
+		if c.next.rate() >= old.rate() {
+			if can := old.admits(h.start, now) + c.next.admits(now, until); paid != can {
+				t.Errorf("%s: %d paid where the two buckets can admit %d with the swap on sending: a second of both rates charged", c.name, paid, can)
+			}
+		}
+	}
+}

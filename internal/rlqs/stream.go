@@ -348,16 +348,27 @@ func (st *stream) assign(ctx context.Context, h *held, now time.Time, ttl time.D
 }
 
 // credit is what h's current bucket was paid for and Envoy can no longer
-// spend once a new assignment replaces it: Envoy applies the new one by
-// now + deliveryAllowance, and the old one ends by paidUntil anyway.
-// If the new one never arrives (the stream broke), Envoy spends at most
-// the old one, which stays paid: so the credit pays for the new bucket
-// instead of being taken again.
-func (h *held) credit(now time.Time) int64 {
+// spend once a new bucket of spec next replaces it. Envoy swaps the
+// buckets when the assignment arrives, at some instant a between now and
+// now + deliveryAllowance: the old one admits until a, the new one from
+// a, so only one of them runs in that second. A new bucket is paid from
+// now (fresh), so when it refills no slower than the old one, the old
+// one's credit ends now: whatever the old one admits after now, the new
+// one, paid for that time at a rate no lower, does not. When it refills
+// slower, the old one is charged to now + deliveryAllowance, as if the
+// new one came last. (Charging both for that second, as a first version
+// did, cost a bucket growing at every report its whole old rate each
+// time: TestRLQSDemandMoves.) If the new one never arrives (the stream
+// broke), Envoy spends at most the old one, which stays paid: so the
+// credit pays for the new bucket instead of being taken again.
+func (h *held) credit(now time.Time, next bucketSpec) int64 {
 	if h.last != actionTokens {
 		return 0
 	}
-	end := now.Add(deliveryAllowance)
+	end := now
+	if next.rate() < h.spec.rate() {
+		end = now.Add(deliveryAllowance)
+	}
 	if h.paidUntil.Before(end) {
 		end = h.paidUntil
 	}
@@ -372,9 +383,8 @@ func (h *held) credit(now time.Time) int64 {
 // answer in d, when nothing could be paid.
 func (st *stream) fresh(ctx context.Context, h *held, spec bucketSpec, now, until time.Time, ttl time.Duration, keep bool, d *engineDecision) *rlqsv3.RateLimitQuotaResponse_BucketAction {
 	life := until.Sub(now)
-	credit := h.credit(now)
 	spec = st.fit(h, spec, now, until)
-	cost := spec.admits(now, until)
+	cost, credit := spec.admits(now, until), h.credit(now, spec)
 	if need := cost - credit; need > 0 {
 		*d = st.take(ctx, h, need, now)
 		if !d.Allowed {
@@ -386,7 +396,7 @@ func (st *stream) fresh(ctx context.Context, h *held, spec bucketSpec, now, unti
 			if keep && smaller.rate() <= h.spec.rate() && smaller.MaxTokens <= h.spec.MaxTokens {
 				return nil
 			}
-			spec, cost = smaller, smaller.admits(now, until)
+			spec, cost, credit = smaller, smaller.admits(now, until), h.credit(now, smaller)
 			if need := cost - credit; need > 0 {
 				if *d = st.take(ctx, h, need, now); !d.Allowed {
 					return nil
