@@ -15,15 +15,15 @@ import (
 
 // The window in which an outage ends is not paid for twice, nor admitted
 // twice. Replica A falls back while Redis is frozen and admits its share
-// of two keys' hour window; B and C had no traffic then. As A comes back
+// of two keys' window; B and C had no traffic then. As A comes back
 // it charges what its fallback admitted to the window's Redis count
 // (Store.chargeFellBack), and its calls hold the others' shares out of
 // the window's room only until DownUntil (a probe round after its
 // return), the last instant another replica could still be falling back.
 // So the window admits its limit, exactly, through A alone and through B
 // and C. Before, A's calls held the others' shares for the rest of the
-// hour, and through A the window admitted 10 of 30 (A's fallback 4, the
-// hour's part left then, and 6 from Redis); and Redis had counted none
+// window, and through A the window admitted 10 of 30 (A's fallback 4, the
+// window's part left then, and 6 from Redis); and Redis had counted none
 // of A's admissions, so B and C admitted the whole limit on top of them:
 // 34 of 30. Three replicas at the shipped breaker timings over one real
 // Redis, each its own store; the windows and the outage are real time,
@@ -104,9 +104,17 @@ func outageEndsWithoutPayingTwice(t *testing.T, mode string, site outageSite) {
 	}
 	a := replicas[0]
 	const limit = 30 // a share of 10 a replica
-	l := quota.Limit{Algorithm: quota.FixedWindow, Limit: limit, Window: time.Hour, OnError: quota.ErrorFallback}
-	if left := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); left < 30*time.Second {
-		time.Sleep(left + 10*time.Millisecond) // the run must fit in one hour's window: real time is the point
+	// The window is real time (Redis TIME), which is the point. The run
+	// (a few seconds) must fit in one window, and the outage must begin
+	// with two thirds of it left: A's fallback share is a third of the
+	// limit's part of the window left when the outage began (6 or more
+	// here). (The test had an hour's window and waited only for the run
+	// to fit: in an hour's last 6 minutes A's fallback admitted nothing
+	// and the test failed.)
+	const window = 30 * time.Second
+	l := quota.Limit{Algorithm: quota.FixedWindow, Limit: limit, Window: window, OnError: quota.ErrorFallback}
+	if left := time.Until(time.Now().Truncate(window).Add(window)); left < 2*window/3 {
+		time.Sleep(left + 10*time.Millisecond)
 	}
 	ctx := context.Background()
 	take := func(r *redisstore.Resilient, key string) quota.Decision {
@@ -183,7 +191,7 @@ func outageEndsWithoutPayingTwice(t *testing.T, mode string, site outageSite) {
 	}
 	for _, key := range []string{throughA, throughOthers} {
 		if total := fell[key] + admitted[key]; total != limit {
-			t.Errorf("%s: the hour's window admitted %d by A's fallback and %d from Redis after: %d; want its limit, %d", key, fell[key], admitted[key], total, limit)
+			t.Errorf("%s: the window admitted %d by A's fallback and %d from Redis after: %d; want its limit, %d", key, fell[key], admitted[key], total, limit)
 		}
 	}
 	if charged := testutil.ToFloat64(metrics[0].Calls.WithLabelValues("fell_back", "ok")); charged != 3 {

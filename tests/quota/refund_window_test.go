@@ -2,6 +2,7 @@ package quota_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -24,15 +25,25 @@ import (
 // admitted one too many at the start of the hour after, where the next
 // hour's count weighed one unit less than it admitted. Hybrid's give-back
 // credited the next hour too: 6 of 5.)
+//
+// At a limit of 40 (hybrid only), the next hour's first lease holds a
+// unit beyond its take's (a slice of 2), so the refund finds the
+// replica holding a lease of that hour: it went into that lease, and the
+// hour admitted 41 of 40. Now a window's lease takes back only units of
+// its own window (lease.holds).
 func TestRefundAfterTheWindowTurned(t *testing.T) {
+	cases := []struct {
+		mode  string
+		limit int
+	}{{"redis", 5}, {"hybrid", 5}, {"hybrid", 40}}
 	for _, alg := range []quota.Algorithm{quota.FixedWindow, quota.SlidingWindow} {
-		for _, mode := range []string{"redis", "hybrid"} {
-			t.Run(alg.String()+"/"+mode, func(t *testing.T) {
+		for _, c := range cases {
+			mode, limit := c.mode, c.limit
+			t.Run(fmt.Sprintf("%v/%s/%d", alg, mode, limit), func(t *testing.T) {
 				clk := newClock() // t0, on an hour
 				store, _, m := newTestStore(t, clk)
 				r := resilientStack(t, mode, store, m, clk.Now, 1, redisstore.HybridOptions{})
-				const limit = 5
-				l := quota.Limit{Algorithm: alg, Limit: limit, Window: time.Hour, OnError: quota.ErrorFallback}
+				l := quota.Limit{Algorithm: alg, Limit: int64(limit), Window: time.Hour, OnError: quota.ErrorFallback}
 				ctx := context.Background()
 				take := func() quota.Decision {
 					t.Helper()
@@ -80,9 +91,9 @@ func TestRefundAfterTheWindowTurned(t *testing.T) {
 					t.Fatalf("the next hour admitted %d early, %d after the first hour's take was refunded, %d late: %d; want its limit, %d (the refund takes the unit from the hour that counted it)", early, refunded, late, n, limit)
 				}
 				// And the hour after begins from what that hour counted:
-				// a fixed window afresh; a sliding one with those 5 still
+				// a fixed window afresh; a sliding one with its limit still
 				// weighing whole, so none (with the refund credited to
-				// that hour's count, 4 weighed, and one was admitted).
+				// that hour's count, one unit fewer weighed, and one was admitted).
 				clk.Advance(2 * time.Millisecond)
 				if alg == quota.SlidingWindow && mode == "hybrid" {
 					return // what the hour after admits depends on when the refund, given back in the background, reaches Redis

@@ -707,7 +707,7 @@ func (h *Hybrid) Refund(ctx context.Context, key string, l quota.Limit, n int64,
 		return h.store.refund(ctx, key, l, n, now)
 	}
 	sh := h.table.Lock(key)
-	if e, ok := sh.Peek(key); ok && !e.evicted && e.lease.holds(l.Algorithm, now) {
+	if e, ok := sh.Peek(key); ok && !e.evicted && e.lease.holds(l, now) {
 		e.lease.refund(n)
 		h.holdLocked(key, e)
 		sh.Unlock()

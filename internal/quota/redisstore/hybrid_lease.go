@@ -81,10 +81,17 @@ func (ls *lease) spend(n, need int64) bool {
 	return true
 }
 
-// holds reports whether the lease may take units back under algorithm a
-// at now: held, taken under a, and not ended.
-func (ls *lease) holds(a quota.Algorithm, now time.Time) bool {
-	return ls.granted > 0 && ls.algorithm == a && now.Before(ls.until)
+// holds reports whether the lease may take back units taken under l at
+// taken: held, taken under l's algorithm, not ended, and for a window,
+// of the window holding taken. Units taken in a window that has turned
+// since go back to that window's count, not into the next one's lease,
+// whose window never counted them (it would admit its limit and one
+// more).
+func (ls *lease) holds(l quota.Limit, taken time.Time) bool {
+	if ls.granted <= 0 || ls.algorithm != l.Algorithm || !taken.Before(ls.until) {
+		return false
+	}
+	return l.Algorithm == quota.TokenBucket || ls.id == windowStartMicros(l, taken)
 }
 
 // refund puts n units back into the lease: a stopped lease's are parked,
