@@ -67,7 +67,8 @@ type steadyRow struct {
 // slice (83, the cap) in 97 s, and one life measured read two waves,
 // 19.5 to 20.8 per 1,000, where the steady count is 12.0 (one call per
 // 83 decisions). Two lives read two or three waves: at most half a wave,
-// not a whole one, above the steady count (docs/benchmarks.md).
+// not a whole one, above the steady count (14.8 measured; one whole
+// bench run read 19.7, not explained: docs/benchmarks.md).
 const fittedMeasure = 4 * config.DefaultLeaseTTL
 
 // userCheck is a Check from the caller a trusted gateway names in x-user.
