@@ -67,8 +67,8 @@ type steadyRow struct {
 // slice (83, the cap) in 97 s, and one life measured read two waves,
 // 19.5 to 20.8 per 1,000, where the steady count is 12.0 (one call per
 // 83 decisions). Two lives read two or three waves: at most half a wave,
-// not a whole one, above the steady count (14.8 measured; one whole
-// bench run read 19.7, not explained: docs/benchmarks.md).
+// not a whole one, above the steady count (14.8 and 15.3 measured:
+// docs/benchmarks.md).
 const fittedMeasure = 4 * config.DefaultLeaseTTL
 
 // userCheck is a Check from the caller a trusted gateway names in x-user.
@@ -214,6 +214,16 @@ func (b *bench) steadyMode(row steadyRow, mode string, warmup time.Duration) (st
 	for start := time.Now(); time.Since(start) < warmup; {
 		if _, err := drive(min(10*time.Second, warmup-time.Since(start))); err != nil {
 			return m, err
+		}
+	}
+	// Each replica's slices are its share over the replicas it counts:
+	// these three, or the row measures something else (another sidecar
+	// heartbeating into the bench's Redis made it 5).
+	for _, p := range procs {
+		if n, err := procGauge(p, "extauthz_peers"); err != nil {
+			return m, err
+		} else if n != float64(len(procs)) {
+			return m, fmt.Errorf("%s counts %v peers after the warm-up, want %d: another sidecar heartbeats into the bench's Redis", p.Name, n, len(procs))
 		}
 	}
 	meter := append(cpuMeter{b.rds}, procs...)
