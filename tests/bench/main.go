@@ -375,23 +375,32 @@ type targetCheck struct {
 	ok   bool
 }
 
-// degradedDecisions reads extauthz_degraded_decisions_total from a
-// sidecar's admin endpoint; the no-op server has none.
-// procGauge reads p's gauge name.
-func procGauge(p *testredis.Proc, name string) (float64, error) {
+// families reads a sidecar's /metrics.
+func families(p *testredis.Proc) (map[string]*dto.MetricFamily, error) {
 	resp, err := http.Get("http://" + p.Admin + "/metrics")
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", p.Name, err)
+		return nil, fmt.Errorf("%s: %w", p.Name, err)
 	}
 	defer resp.Body.Close()
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	mfs, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", p.Name, err)
+		return nil, fmt.Errorf("%s: %w", p.Name, err)
+	}
+	return mfs, nil
+}
+
+// procGauge reads a sidecar's gauge name.
+func procGauge(p *testredis.Proc, name string) (float64, error) {
+	mfs, err := families(p)
+	if err != nil {
+		return 0, err
 	}
 	return gauge(mfs, name), nil
 }
 
+// degradedDecisions reads extauthz_degraded_decisions_total from a
+// sidecar's admin endpoint; the no-op server has none.
 func degradedDecisions(p *testredis.Proc) (float64, error) {
 	return sumCounter(p, "extauthz_degraded_decisions_total", nil)
 }
@@ -402,15 +411,9 @@ func sumCounter(p *testredis.Proc, name string, keep func(labels map[string]stri
 	if p.Admin == "" {
 		return 0, nil
 	}
-	resp, err := http.Get("http://" + p.Admin + "/metrics")
+	mfs, err := families(p)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", p.Name, err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", p.Name, err)
+		return 0, err
 	}
 	var total float64
 	for _, m := range mfs[name].GetMetric() {
