@@ -299,6 +299,32 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 	return h.takeMissLocked(ctx, sh, e, &request{key: key, l: l, n: n, need: need, now: now, ns: ns})
 }
 
+// TakeLocal decides a take of a leased key from the slice held, if it
+// holds the take's units: Take's answer when it needs neither Redis nor
+// a wait, so no deadline to keep. Resilient.Take asks it before it sets
+// one up: a deadline is a runtime timer started and stopped, which a
+// profile of hybrid under ghz showed at 3.4% of the sidecar's CPU.
+// Otherwise ok is false, and nothing was changed but a lease ended at its
+// end: Take goes on from there.
+func (h *Hybrid) TakeLocal(key string, l quota.Limit, n int64, now time.Time) (d quota.Decision, ok bool) {
+	if l.Overdraft || !leases(l) {
+		return quota.Decision{}, false
+	}
+	need, ns := max(n, 1), now.UnixNano()
+	sh := h.table.Lock(key)
+	e, held := sh.Get(key)
+	if !held || h.endLeaseLocked(key, e, l, now) || !e.lease.spend(n, need) {
+		sh.Unlock()
+		return quota.Decision{}, false
+	}
+	e.count += n
+	e.lastUsed = ns
+	d = h.allowLocked(e, l, ns)
+	sh.Unlock()
+	h.servedLocally(l, ns)
+	return d, true
+}
+
 // servedLocally tells the store that a decision under l at ns was made
 // without a call, when l counts windows: before the window turns, the
 // breaker then asks a Redis that has not answered since, so that an
