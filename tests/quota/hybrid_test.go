@@ -409,6 +409,16 @@ func benchHybrid(b testing.TB) (*redisstore.Hybrid, *redisstore.Store, *redissto
 	return h, store, m
 }
 
+// benchResilient is benchHybrid behind Resilient, with the context of a
+// Check with a deadline (an hour: never reached), all ending with tb.
+func benchResilient(tb testing.TB) (*redisstore.Resilient, *redisstore.Metrics, context.Context) {
+	h, store, m := benchHybrid(tb)
+	counts, _ := local.NewTable(100)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	tb.Cleanup(cancel)
+	return redisstore.NewResilient(h, h, local.NewFallback(counts), fixedPeers(1), store), m, ctx
+}
+
 // A decision a hybrid replica serves from the slice it holds needs
 // neither Redis nor a wait, so Resilient sets up no deadline for it.
 // Before, the Check's deadline, made a tenth earlier for the primary, was
@@ -418,11 +428,7 @@ func benchHybrid(b testing.TB) (*redisstore.Hybrid, *redisstore.Store, *redissto
 // profile under ghz. A token bucket and a window, as a Check with a
 // deadline reaches them.
 func TestResilientServesASliceWithoutADeadline(t *testing.T) {
-	h, store, _ := benchHybrid(t)
-	counts, _ := local.NewTable(100)
-	r := redisstore.NewResilient(h, h, local.NewFallback(counts), fixedPeers(1), store)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
+	r, _, ctx := benchResilient(t)
 	now := time.Now()
 	for _, l := range []quota.Limit{
 		{Algorithm: quota.TokenBucket, Limit: 1 << 40, Window: time.Hour, OnError: quota.ErrorFallback},
@@ -445,11 +451,7 @@ func TestResilientServesASliceWithoutADeadline(t *testing.T) {
 // fixed window through Resilient, as a Check with a deadline reaches it:
 // what the wrapper adds to the hot path.
 func BenchmarkResilientHybridWindowSlice(b *testing.B) {
-	h, store, m := benchHybrid(b)
-	counts, _ := local.NewTable(100)
-	r := redisstore.NewResilient(h, h, local.NewFallback(counts), fixedPeers(1), store)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
+	r, m, ctx := benchResilient(b)
 	l := quota.Limit{Algorithm: quota.FixedWindow, Limit: 1 << 40, Window: time.Hour, OnError: quota.ErrorFallback}
 	now := time.Now()
 	b.ReportAllocs()
