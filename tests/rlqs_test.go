@@ -278,8 +278,8 @@ func TestRLQSDemandMoves(t *testing.T) {
 }
 
 // An Envoy whose stream drops and comes back loses at most its
-// assignment: it reopens the stream at its next report and is admitted
-// again within two reporting intervals, and the Envoys together still
+// assignment: it reopens the stream at its next report and is back in
+// the share within two reporting intervals, and the Envoys together still
 // never pass the bucket (the dropped stream's assignment stays paid for
 // until it ends).
 func TestRLQSReconnect(t *testing.T) {
@@ -297,10 +297,24 @@ func TestRLQSReconnect(t *testing.T) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	back := a.admittedIn(dropAt+2*rlqsReporting, run)
-	t.Logf("A admitted %d before the drop, %d from two intervals after it; B %d in all; streams the server ended: %d",
-		a.admittedIn(0, dropAt), back, len(b.admits), a.f.Closes.Load())
+	var perSecond []int
+	for at := dropAt + 2*rlqsReporting; at < run; at += time.Second {
+		perSecond = append(perSecond, a.admittedIn(at, at+time.Second))
+	}
+	t.Logf("A admitted %d before the drop, %d from two intervals after it (%v a second); B %d in all; streams the server ended: %d",
+		a.admittedIn(0, dropAt), back, perSecond, len(b.admits), a.f.Closes.Load())
 	if back == 0 {
 		t.Fatalf("A was admitted nothing from two reporting intervals after its stream dropped; it must be back in the share")
+	}
+	// And it stays in the share: admitted in every second after the
+	// first. (Before a holder took no more than its weight of what the
+	// count held, A was admitted nothing in the last second in three runs
+	// of six: B, reporting just before A, took the whole refill at each
+	// of its reports.)
+	for i, n := range perSecond[1:] {
+		if n == 0 {
+			t.Fatalf("A was admitted nothing in second %d from two reporting intervals after its stream dropped (%v a second); back in the share, it stays in it", i+2, perSecond)
+		}
 	}
 	// The dropped stream ended on the server too: two streams are open,
 	// A's new one and B's, not the dead one besides.

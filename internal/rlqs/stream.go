@@ -377,8 +377,9 @@ func (h *held) credit(now time.Time, next bucketSpec) int64 {
 
 // fresh replaces what Envoy holds for h with a new bucket of spec, paid
 // from h's credit and the count; when the count cannot give it all, with
-// the bucket what the count and the credit can pay for (only if that is
-// better than the bucket Envoy holds, when keep). Credit beyond the new
+// the bucket what the count (h's weight of what it holds) and the credit
+// can pay for (when keep, only if that is better than what Envoy has
+// left, or h's share shrank). Credit beyond the new
 // bucket's cost goes back to the count. It returns nil, with the count's
 // answer in d, when nothing could be paid.
 func (st *stream) fresh(ctx context.Context, h *held, spec bucketSpec, now, until time.Time, ttl time.Duration, keep bool, d *engineDecision) *rlqsv3.RateLimitQuotaResponse_BucketAction {
@@ -388,12 +389,24 @@ func (st *stream) fresh(ctx context.Context, h *held, spec bucketSpec, now, unti
 	if need := cost - credit; need > 0 {
 		*d = st.take(ctx, h, need, now)
 		if !d.Allowed {
-			avail := d.Remaining + credit
+			// What the count holds is shared by weight, as its refill
+			// is: taken whole, the holder that reports first after each
+			// refill takes it at every report, and one that reports just
+			// after finds it empty at each of its own (the Envoy back
+			// from a dropped stream in TestRLQSReconnect was denied for
+			// the rest of the run).
+			w, _ := st.srv.holders.weight(h.key, h)
+			avail := int64(math.Ceil(float64(d.Remaining)*w)) + credit
 			if avail < 1 {
 				return nil
 			}
 			smaller := st.fit(h, scale(spec, avail, life), now, until)
-			if keep && smaller.rate() <= h.spec.rate() && smaller.MaxTokens <= h.spec.MaxTokens {
+			// A bucket no better than what Envoy has left of its own is
+			// not worth stranding that, unless h's share shrank (another
+			// Envoy joined or grew): then h keeps no more refill than
+			// the count pays it, or its renewals go on taking its old
+			// refill, the other holders' part with it.
+			if keep && spec.rate() >= h.spec.rate() && smaller.rate() <= h.spec.rate() && smaller.MaxTokens <= h.left() {
 				return nil
 			}
 			spec, cost, credit = smaller, smaller.admits(now, until), h.credit(now, smaller)
@@ -452,6 +465,16 @@ func (h *held) spent() bool {
 		return h.used*2 >= h.spec.MaxTokens
 	}
 	return h.used >= h.spec.MaxTokens && h.denied > 0
+}
+
+// left is what Envoy has of its bucket's tokens, as far as its reports
+// tell: a refilling bucket refills to its max_tokens, a slice that does
+// not refill keeps what was not spent of it.
+func (h *held) left() int64 {
+	if h.spec.refills() {
+		return h.spec.MaxTokens
+	}
+	return max(0, h.spec.MaxTokens-h.used)
 }
 
 // other is a spec Envoy tells from s, taking no more: one token fewer, or
