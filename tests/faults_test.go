@@ -46,6 +46,10 @@ var (
 	// faultsBinary runs another build of extauthz (a tree before a fix,
 	// for the before-and-after figures of docs/reliability.md).
 	faultsBinary = flag.String("faults.binary", "", "extauthz binary to run (default: this tree's)")
+	// faultsBeforeTurn times the fault's start to that long before a
+	// second's turn, where a fixed window's outage is hardest to date
+	// (docs/reliability.md); 0: whenever the healthy load's time ends.
+	faultsBeforeTurn = flag.Duration("faults.before-turn", 0, "begin each fault this long before a second's turn (0: not aligned)")
 )
 
 // faultPolicy is the load's policy: a token bucket of 30 per 10s per
@@ -368,6 +372,14 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 		}
 	}
 	time.Sleep(plan.before) // the load runs healthy first
+	if d := *faultsBeforeTurn; d > 0 {
+		now := time.Now()
+		next := now.Truncate(time.Second).Add(time.Second)
+		if next.Sub(now) < d {
+			next = next.Add(time.Second)
+		}
+		time.Sleep(next.Add(-d).Sub(now)) // to d before the turn: what is measured
+	}
 	faultAt := time.Now()
 	for _, p := range proxies {
 		x.add(p, f.toxics...)

@@ -83,8 +83,12 @@ import (
 // call timeout (no call runs beside the probe to prove Redis answers,
 // and a Redis that answers a call in time serves). A probe that fails
 // opens the breaker, and the outage is dated from the probe's start,
-// before the turn. One probe per window turn at most (a second's window:
-// one a second; a minute's: one a minute), none while calls answer.
+// before the turn. It is asked again two watch ticks before the turn
+// (50ms at the defaults) unless a call answered since: an outage that
+// began after the first probe was answered is still dated before the
+// turn, and only one beginning in the turn's last ticks is learnt in the
+// next window. Two probes per window turn at most (a second's window:
+// two a second; a minute's: two a minute), none while calls answer.
 //
 // The store learns the instant an outage was first evidenced (Down: when
 // the confirmation that failed began), not only when a call next finds
@@ -218,6 +222,7 @@ type Breaker struct {
 	// window whose decisions were served without calls (Want); 0: none.
 	wantBy    atomic.Int64
 	askedTurn int64 // the turn the watch last asked for; the watch's alone
+	askedLate int64 // the turn the watch last asked for again, nearer it; the watch's alone
 
 	// closed: the store is closing; nothing is marked down from now on.
 	closed   atomic.Bool
@@ -379,7 +384,8 @@ func (n *Node) logAttrs(args ...any) []any {
 
 // Want records that a decision of a window turning at by (unix ns) was
 // served without calling Redis: IdleProbe before the nearest such turn,
-// the watch asks a server that has not answered since (the design note).
+// and again two ticks before it, the watch asks a server that has not
+// answered since (the design note).
 // A load, and a store once per turn, so that a decision served from
 // memory pays next to nothing for it.
 func (b *Breaker) Want(by int64) {
@@ -482,6 +488,11 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 
 // tick is the watch's period.
 func (b *Breaker) tick() time.Duration { return max(b.opts.StallAfter/2, time.Millisecond) }
+
+// lateAsk is how long before a window's turn the watch asks an idle
+// server a second time: two ticks, so that a tick a little late still
+// falls before the turn.
+func lateAsk(tick time.Duration) time.Duration { return 2 * tick }
 
 // AwaitVerdict waits, at most until ctx is done, for the confirmation
 // probe running for n, and reports whether n is down
@@ -595,9 +606,20 @@ func (b *Breaker) watchAt(now time.Time) {
 	ns := now.UnixNano()
 	ask := int64(0) // the instant since which an idle node has to have answered
 	if by := b.wantBy.Load(); by != 0 && ns >= by-int64(b.opts.IdleProbe) {
-		b.wantBy.CompareAndSwap(by, 0) // this turn's ask, or one missed: the next Want sets the next
-		if ns < by && by != b.askedTurn {
-			ask, b.askedTurn = by-int64(b.opts.IdleProbe), by // once per turn
+		switch {
+		case ns >= by:
+			b.wantBy.CompareAndSwap(by, 0) // a turn missed: the next Want sets the next
+		case by != b.askedTurn:
+			ask, b.askedTurn = by-int64(b.opts.IdleProbe), by
+		case by != b.askedLate && b.opts.IdleProbe > lateAsk(b.tick()) && ns >= by-int64(lateAsk(b.tick())):
+			// Asked again at the turn's last ticks: an outage that
+			// began after the first ask was answered is then dated
+			// before the turn all the same, where it was learnt at
+			// the next window's first call and that window lost
+			// (the blackhole beginning within IdleProbe of a turn,
+			// about one fault run in six, docs/reliability.md).
+			ask, b.askedLate = by-int64(b.opts.IdleProbe), by
+			b.wantBy.CompareAndSwap(by, 0) // this turn's asks are made: the next Want sets the next
 		}
 	}
 	b.eachNode(func(n *Node) { b.watchNode(n, now, ask) })

@@ -462,6 +462,75 @@ func TestBreakerAsksAnIdleServerBeforeAWindowTurns(t *testing.T) {
 	}
 }
 
+// An outage that begins after the idle probe IdleProbe (100ms) before a
+// turn was answered is asked about again two watch ticks (50ms) before
+// the turn, and dated from that probe's start, before the turn: learnt at
+// the next window's first call, that window would start as one Redis may
+// have counted in, and hybrid admitted nothing in it where redis mode
+// admitted its limit (docs/reliability.md). A call answered since the
+// first ask, nothing is asked again; and two asks per turn at most.
+func TestBreakerAsksAnIdleServerAgainNearTheTurn(t *testing.T) {
+	ms := time.Millisecond
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	r := newBreakerRig(false)
+	n := r.b.whole
+	n.Begin(t0.UnixNano())
+	n.End(at(ms).UnixNano(), true) // the last answer: t0+1ms
+	turn := at(time.Second)
+	r.b.Want(turn.UnixNano())
+	if r.b.watchAt(at(900 * ms)); !r.confirming(n) {
+		t.Fatal("not asked 100ms before the turn")
+	}
+	if r.verdict(t, n) {
+		t.Fatal("down after a probe that answered")
+	}
+	// The outage begins: every probe from now on times out.
+	hold := make(chan struct{})
+	r.p.set(func(probeCall) error { <-hold; r.clock.Advance(callTimeout); return context.DeadlineExceeded })
+	r.b.Want(turn.UnixNano()) // served from memory since
+	if r.b.watchAt(at(925 * ms)); r.confirming(n) {
+		t.Fatal("asked again 75ms before the turn")
+	}
+	r.clock.Advance(950 * ms) // the confirmation reads the clock: it begins then
+	if r.b.watchAt(at(950 * ms)); !r.confirming(n) {
+		t.Fatal("not asked again 50ms before the turn, after the first probe was answered")
+	}
+	close(hold)
+	if !r.verdict(t, n) {
+		t.Fatal("an idle server whose second probe timed out is not down")
+	}
+	if !slices.Equal(r.downs, []time.Time{at(950 * ms)}) {
+		t.Fatalf("store told %v, want the second probe's start, before the turn", r.downs)
+	}
+	if r.calls("idle", "ok") != 1 || r.calls("idle", "timeout") != 1 || len(r.p.calls()) != 2 {
+		t.Fatalf("probes %v, idle ok %d, idle timeouts %d; want two, the first answered", r.p.calls(), r.calls("idle", "ok"), r.calls("idle", "timeout"))
+	}
+
+	// A call answered after the first ask: not asked again. An answering
+	// server: two asks a turn, no third.
+	r = newBreakerRig(false)
+	n = r.b.whole
+	r.b.Want(turn.UnixNano())
+	r.b.watchAt(at(900 * ms))
+	r.verdict(t, n)
+	n.Begin(at(910 * ms).UnixNano())
+	n.End(at(911*ms).UnixNano(), true)
+	r.b.Want(turn.UnixNano())
+	if r.b.watchAt(at(950 * ms)); r.confirming(n) {
+		t.Fatal("asked again although a call answered after the first ask")
+	}
+	r = newBreakerRig(false)
+	n = r.b.whole
+	for _, tick := range []time.Duration{900, 950, 975} {
+		r.b.Want(turn.UnixNano())
+		r.b.watchAt(at(tick * ms))
+		r.verdict(t, n)
+	}
+	if len(r.p.calls()) != 2 || r.calls("idle", "ok") != 2 {
+		t.Fatalf("probes %v, idle ok %d; want two a turn, answered", r.p.calls(), r.calls("idle", "ok"))
+	}
+}
+
 // A probe's timeout that this process noticed late (more than a fifth of
 // the timeout after its deadline) is inconclusive: it is asked again with
 // 7/10 of the timeout, never less than half ProbeTimeout. Only a timeout
