@@ -189,6 +189,20 @@ func newBreakerRig(cluster bool) *breakerRig {
 	return r
 }
 
+// idleAskTimesOut has every probe of n time out from now on, sets the
+// rig's clock to w (a confirmation reads it: it begins then) and reports
+// whether the watch at w asked n and, if it did, whether n is then down.
+func (r *breakerRig) idleAskTimesOut(t *testing.T, n *Node, w time.Time) (asked, down bool) {
+	t.Helper()
+	hold := make(chan struct{}) // the probe waits, so that the confirmation is seen running
+	r.p.set(func(probeCall) error { <-hold; r.clock.Advance(callTimeout); return context.DeadlineExceeded })
+	r.clock.Advance(w.Sub(r.clock.Now()))
+	r.b.watchAt(w)
+	asked = r.confirming(n)
+	close(hold)
+	return asked, asked && r.verdict(t, n)
+}
+
 // verdict waits for n's running confirmation, if any, and reports
 // whether n is down.
 func (r *breakerRig) verdict(t *testing.T, n *Node) bool {
@@ -423,14 +437,11 @@ func TestBreakerAsksAnIdleServerBeforeAWindowTurns(t *testing.T) {
 	r.b.Want(at(time.Hour).UnixNano())
 	r.b.Want(at(4 * time.Second).UnixNano()) // the nearest turn is the one asked for
 	r.b.Want(at(time.Minute).UnixNano())
-	hold := make(chan struct{}) // the probe waits, so that the confirmation is seen running
-	r.p.set(func(probeCall) error { <-hold; r.clock.Advance(callTimeout); return context.DeadlineExceeded })
-	r.clock.Advance(3900 * ms) // the confirmation reads the clock: it begins then
-	if r.b.watchAt(at(3900 * ms)); !r.confirming(n) {
+	asked, down := r.idleAskTimesOut(t, n, at(3900*ms))
+	if !asked {
 		t.Fatal("not asked 100ms before the turn of a window served without calls")
 	}
-	close(hold)
-	if !r.verdict(t, n) {
+	if !down {
 		t.Fatal("an idle server whose probe timed out is not down")
 	}
 	if got, want := r.p.calls(), []probeCall{{"", "rl:_peers", callTimeout}}; !slices.Equal(got, want) {
@@ -484,19 +495,16 @@ func TestBreakerAsksAnIdleServerAgainNearTheTurn(t *testing.T) {
 	if r.verdict(t, n) {
 		t.Fatal("down after a probe that answered")
 	}
-	// The outage begins: every probe from now on times out.
-	hold := make(chan struct{})
-	r.p.set(func(probeCall) error { <-hold; r.clock.Advance(callTimeout); return context.DeadlineExceeded })
 	r.b.Want(turn.UnixNano()) // served from memory since
 	if r.b.watchAt(at(925 * ms)); r.confirming(n) {
 		t.Fatal("asked again 75ms before the turn")
 	}
-	r.clock.Advance(950 * ms) // the confirmation reads the clock: it begins then
-	if r.b.watchAt(at(950 * ms)); !r.confirming(n) {
+	// The outage begins: every probe from now on times out.
+	asked, down := r.idleAskTimesOut(t, n, at(950*ms))
+	if !asked {
 		t.Fatal("not asked again 50ms before the turn, after the first probe was answered")
 	}
-	close(hold)
-	if !r.verdict(t, n) {
+	if !down {
 		t.Fatal("an idle server whose second probe timed out is not down")
 	}
 	if !slices.Equal(r.downs, []time.Time{at(950 * ms)}) {
