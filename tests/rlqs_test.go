@@ -137,6 +137,7 @@ func TestRLQSEnvoysShareOneBucket(t *testing.T) {
 	const run = 8 * time.Second
 	start := time.Now()
 	var checksAllowed, checksSent int
+	leastLeft := math.MaxInt // the least a Check's RateLimit header said was left
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		tick := time.NewTicker(100 * time.Millisecond)
@@ -146,8 +147,14 @@ func TestRLQSEnvoysShareOneBucket(t *testing.T) {
 				return
 			}
 			checksSent++
-			if replicas[0].check(tenantCheck("acme").build()).GetStatus().GetCode() == int32(codes.OK) {
-				checksAllowed++
+			resp := replicas[0].check(tenantCheck("acme").build())
+			if resp.GetStatus().GetCode() != int32(codes.OK) {
+				continue
+			}
+			checksAllowed++
+			var r int
+			if _, err := fmt.Sscanf(okHeaders(resp)["ratelimit"], `"orders";r=%d;`, &r); err == nil {
+				leastLeft = min(leastLeft, r)
 			}
 		}
 	})
@@ -159,14 +166,20 @@ func TestRLQSEnvoysShareOneBucket(t *testing.T) {
 		envoys += len(o.admits)
 	}
 	bound := 100 + int(math.Ceil(10*elapsed.Seconds()))
-	t.Logf("admitted: Envoys %d, Checks %d of %d; the bucket over %.2fs: %d (under-use %d, %.0f%%)",
-		envoys, checksAllowed, checksSent, elapsed.Seconds(), bound, bound-envoys-checksAllowed, 100*float64(bound-envoys-checksAllowed)/float64(bound))
+	t.Logf("admitted: Envoys %d, Checks %d of %d (the least left a Check saw: %d); the bucket over %.2fs: %d (under-use %d, %.0f%%)",
+		envoys, checksAllowed, checksSent, leastLeft, elapsed.Seconds(), bound, bound-envoys-checksAllowed, 100*float64(bound-envoys-checksAllowed)/float64(bound))
 	if envoys+checksAllowed > bound {
 		t.Fatalf("one tenant's bucket admitted %d (Envoys %d + Checks %d) through RLQS and Check in %.2fs; it holds at most burst 100 + 10/s × %.2fs = %d",
 			envoys+checksAllowed, envoys, checksAllowed, elapsed.Seconds(), elapsed.Seconds(), bound)
 	}
-	if checksAllowed == 0 || checksAllowed == checksSent {
-		t.Fatalf("Checks on the tenant: %d of %d allowed; the Envoys' takes should have emptied the bucket they share", checksAllowed, checksSent)
+	// The Checks read the count the Envoys take from: alone, a Check a
+	// tenth of a second (the refill's own rate) would find the burst
+	// all but full every time. (Not "some Check denied": the Envoys take
+	// their weight of what the count holds when it cannot pay their
+	// share, so the Checks, exact takes, may find its last tokens each
+	// time: 74 to 79 of 79 allowed, each run reading 0 left at least once.)
+	if checksAllowed == 0 || leastLeft > 100/2 {
+		t.Fatalf("Checks on the tenant: %d of %d allowed, the least left one read %d; the Envoys' takes should have drained the bucket they share below half its burst of 100", checksAllowed, checksSent, leastLeft)
 	}
 	// Under-use stated, not bounded by the claim; a door that admitted
 	// little would pass the bound trivially, so at least half the bucket
