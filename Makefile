@@ -157,7 +157,7 @@ bench-compare: redis-server
 # (docs/reliability.md, "When Redis forgets"). Minutes.
 .PHONY: test-faults
 test-faults: redis-server
-	$(GO) test -v -count=1 -timeout 30m -run 'TestNetworkFaults|TestWindowUnderNetworkFaults|TestForgetFlushWhileLeasesAreHeld|TestForgetRestoredFromOlderRDB|TestClusterFailoverLosesWrites|TestAnchorUnderNetworkFaults|TestNetworkFaultsOnOneClusterMaster|TestSentinelFailoverLosesWrites|TestWaitAtLostFailover|TestWaitCostHealthyReplication' ./tests/ -args -faults.full
+	$(GO) test -v -count=1 -timeout 30m -run 'TestNetworkFaults|TestWindowUnderNetworkFaults|TestWindowFaultJustBeforeATurn|TestForgetFlushWhileLeasesAreHeld|TestForgetRestoredFromOlderRDB|TestClusterFailoverLosesWrites|TestAnchorUnderNetworkFaults|TestNetworkFaultsOnOneClusterMaster|TestSentinelFailoverLosesWrites|TestWaitAtLostFailover|TestWaitCostHealthyReplication' ./tests/ -args -faults.full
 
 # Fleets of 10, 100 and 1,000 simulated sidecars against a standalone Redis
 # and a three-master Cluster, in redis and hybrid mode: Redis commands, CPU,

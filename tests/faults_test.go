@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -136,6 +137,9 @@ type faultPlan struct {
 	after          time.Duration
 	sourceNet      int           // 10.<net>.0.x: the source addresses, one per key
 	sampleEvery    time.Duration // how often the degraded counters are read
+	// beforeTurn begins the fault that long before a second's turn (0:
+	// whenever before ends); -faults.before-turn sets it for every run.
+	beforeTurn time.Duration
 }
 
 var defaultFaultPlan = faultPlan{keys: 20, workers: 6, before: time.Second, during: 4 * time.Second, after: 3 * time.Second, sourceNet: 77, sampleEvery: 50 * time.Millisecond}
@@ -372,7 +376,7 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 		}
 	}
 	time.Sleep(plan.before) // the load runs healthy first
-	if d := *faultsBeforeTurn; d > 0 {
+	if d := cmp.Or(*faultsBeforeTurn, plan.beforeTurn); d > 0 {
 		now := time.Now()
 		next := now.Truncate(time.Second).Add(time.Second)
 		if next.Sub(now) < d {
@@ -527,6 +531,8 @@ type faultSuite struct {
 	header    string // the table's header rows
 	// check asserts the contract on one fault's runs (modes' order).
 	check func(t *testing.T, runs []*faultRun, plan faultPlan)
+	// beforeTurn is the plan's (faultPlan.beforeTurn).
+	beforeTurn time.Duration
 }
 
 // run runs s's faults at modes side by side, a subtest each, and logs
@@ -541,6 +547,7 @@ func (s faultSuite) run(t *testing.T, x *toxiproxy, modes []*modeUnderFault) {
 		t.Run(strings.ReplaceAll(f.name, " ", "_"), func(t *testing.T) {
 			plan := defaultFaultPlan
 			plan.sourceNet = s.sourceNet + i
+			plan.beforeTurn = s.beforeTurn
 			if f.keys > 0 {
 				plan.keys = f.keys
 			}

@@ -37,24 +37,7 @@ var windowFaultsShort = []string{"blackhole (timeout toxic)"}
 func TestWindowUnderNetworkFaults(t *testing.T) {
 	serial(t, "it measures decisions through injected network faults at the breaker's defaults: other tests' load would add faults of its own")
 	x := startToxiproxy(t)
-	section, _ := domainDir(t, map[string]string{"faults.yaml": anchorDomain})
-	var modes []*modeUnderFault
-	for _, mode := range []string{"redis", "hybrid"} {
-		addr := x.proxy(mode, testredis.Start(t).Addr)
-		var replicas []*sidecar
-		var addrs []string
-		for range 3 {
-			r := startProcess(t, faultBinary(), writeConfig(t, defaultsConfig(addr, mode, section)), nil)
-			replicas = append(replicas, r)
-			addrs = append(addrs, r.GRPC)
-		}
-		waitPeers(t, replicas, 3)
-		m := rlsMode(t, mode, mode, addrs)
-		m.replicas = replicas
-		m.server = m.serverSideOf("rls")
-		m.degraded = degradedOf(replicas)
-		modes = append(modes, m)
-	}
+	modes := windowModes(t, x)
 	faultSuite{
 		faults:    windowFaults,
 		short:     windowFaultsShort,
@@ -100,6 +83,70 @@ func TestWindowUnderNetworkFaults(t *testing.T) {
 					t.Errorf("%s mode admitted %d, %d key windows over the limit of %d; one exact window per key allows at most %d in all (a network fault makes Redis forget nothing); windows over the limit, by when their calls were sent:\n%s", r.mode, r.allowed, over, anchorLimit, r.exact, windows)
 				} else {
 					t.Logf("%s mode: windows over the limit, by when their calls were sent:\n%s", r.mode, windows)
+				}
+			}
+		},
+	}.run(t, x, modes)
+}
+
+// windowModes starts redis mode and hybrid side by side, each three
+// replicas at the shipped defaults serving the anchor's policy through
+// the rate limit service door, behind a proxy of its own on x.
+func windowModes(t *testing.T, x *toxiproxy) []*modeUnderFault {
+	t.Helper()
+	section, _ := domainDir(t, map[string]string{"faults.yaml": anchorDomain})
+	var modes []*modeUnderFault
+	for _, mode := range []string{"redis", "hybrid"} {
+		addr := x.proxy(mode, testredis.Start(t).Addr)
+		var replicas []*sidecar
+		var addrs []string
+		for range 3 {
+			r := startProcess(t, faultBinary(), writeConfig(t, defaultsConfig(addr, mode, section)), nil)
+			replicas = append(replicas, r)
+			addrs = append(addrs, r.GRPC)
+		}
+		waitPeers(t, replicas, 3)
+		m := rlsMode(t, mode, mode, addrs)
+		m.replicas = replicas
+		m.server = m.serverSideOf("rls")
+		m.degraded = degradedOf(replicas)
+		modes = append(modes, m)
+	}
+	return modes
+}
+
+// A blackhole begun 60 ms before a second's turn: after the idle probe
+// hybrid's replicas make 100 ms before a turn they served without calls
+// (its keys are over their limit, so they deny from the cache), and
+// before the second one, 50 ms before the turn. That second probe fails
+// and dates the outage before the turn, so the window after it is the
+// fallback's alone and gets its full share: the limit, for every key, as
+// an outage known before the window began gives it. Before the second
+// probe the outage was learnt at that window's first call, after the
+// turn, and a share of the limit's part left after it, 3 a second over
+// three replicas, is nothing: hybrid admitted 0 of 60 there in three
+// runs of three. Redis mode, whose stalled calls are confirmed 50 ms and
+// a watch tick after the fault (after the turn), is logged beside it.
+func TestWindowFaultJustBeforeATurn(t *testing.T) {
+	serial(t, "it measures decisions through injected network faults at the breaker's defaults: other tests' load would add faults of its own")
+	if !*faultsFull {
+		t.Skip("the aligned fault runs with the full matrix: make test-faults")
+	}
+	x := startToxiproxy(t)
+	modes := windowModes(t, x)
+	faultSuite{
+		faults:     []string{"blackhole (timeout toxic)"},
+		label:      ", fixed window, 60 ms before a turn",
+		sourceNet:  200,
+		beforeTurn: 60 * time.Millisecond,
+		check: func(t *testing.T, runs []*faultRun, plan faultPlan) {
+			want := anchorLimit * plan.keys
+			for _, r := range runs {
+				turn := r.faultAt.Truncate(time.Second).Add(time.Second)
+				got := inWindows(r, map[time.Time]bool{turn: true})
+				t.Logf("%s mode: the fault began %v before the turn; the window after it admitted %d of %d", r.mode, turn.Sub(r.faultAt).Round(time.Millisecond), got, want)
+				if r.mode == "hybrid" && got != want {
+					t.Errorf("hybrid admitted %d in the window after the turn the blackhole began %v before; an outage begun before a window gives it the fallback's full share: %d", got, turn.Sub(r.faultAt).Round(time.Millisecond), want)
 				}
 			}
 		},
