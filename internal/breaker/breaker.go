@@ -84,7 +84,7 @@ import (
 // and a Redis that answers a call in time serves). A probe that fails
 // opens the breaker, and the outage is dated from the probe's start,
 // before the turn. It is asked again two watch ticks before the turn
-// (50ms at the defaults) unless a call answered since: an outage that
+// (50ms at the defaults) unless a call answered within them: an outage that
 // began after the first probe was answered is still dated before the
 // turn, and only one beginning in the turn's last ticks is learnt in the
 // next window. Two probes per window turn at most (a second's window:
@@ -604,7 +604,8 @@ func (b *Breaker) watch() {
 // probes each down node every ProbeEvery.
 func (b *Breaker) watchAt(now time.Time) {
 	ns := now.UnixNano()
-	ask := int64(0) // the instant since which an idle node has to have answered
+	ask := int64(0)  // the instant since which an idle node has to have answered
+	pending := false // the ask is made beside calls pending too
 	if by := b.wantBy.Load(); by != 0 && ns >= by-int64(b.opts.IdleProbe) {
 		switch {
 		case ns >= by:
@@ -617,24 +618,32 @@ func (b *Breaker) watchAt(now time.Time) {
 			// before the turn all the same, where it was learnt at
 			// the next window's first call and that window lost
 			// (the blackhole beginning within IdleProbe of a turn,
-			// about one fault run in six, docs/reliability.md).
-			ask, b.askedLate = by-int64(b.opts.IdleProbe), by
+			// about one fault run in six, docs/reliability.md). Only
+			// an answer within those ticks excuses it: one just
+			// before (a heartbeat) says nothing of them. And it is
+			// asked beside a call pending (a heartbeat sent into the
+			// outage), which the stall rule would judge only
+			// StallAfter after the call began, past the turn.
+			ask, pending, b.askedLate = by-int64(lateAsk(b.tick())), true, by
 			b.wantBy.CompareAndSwap(by, 0) // this turn's asks are made: the next Want sets the next
 		}
 	}
-	b.eachNode(func(n *Node) { b.watchNode(n, now, ask) })
+	b.eachNode(func(n *Node) { b.watchNode(n, now, ask, pending) })
 }
 
 // watchNode is watchAt for n; ask, when not zero, asks n if it has not
-// answered since then and nothing is pending.
-func (b *Breaker) watchNode(n *Node, now time.Time, ask int64) {
+// answered since then and nothing is pending (pending: or even so).
+func (b *Breaker) watchNode(n *Node, now time.Time, ask int64, pending bool) {
 	if !n.down.Load() {
+		asking := ask != 0 && n.lastOK.Load() < ask
 		switch {
 		case n.inflight.Load() > 0:
 			if now.UnixNano()-n.progress.Load() >= int64(b.opts.StallAfter) {
 				b.Suspect(n, errStalled)
+			} else if asking && pending {
+				b.Suspect(n, errIdle)
 			}
-		case ask != 0 && n.lastOK.Load() < ask:
+		case asking:
 			b.Suspect(n, errIdle)
 		}
 		return
