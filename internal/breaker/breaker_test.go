@@ -515,15 +515,21 @@ func TestBreakerAsksAnIdleServerAgainNearTheTurn(t *testing.T) {
 		t.Fatalf("probes %v, idle ok %d, idle timeouts %d; want two, the first answered", r.p.calls(), r.calls("idle", "ok"), r.calls("idle", "timeout"))
 	}
 
+	// firstAskAnswered is a rig whose server was asked 100ms before the
+	// turn and answered.
+	firstAskAnswered := func() (*breakerRig, *Node) {
+		r := newBreakerRig(false)
+		r.b.Want(turn.UnixNano())
+		r.b.watchAt(at(900 * ms))
+		r.verdict(t, r.b.whole)
+		return r, r.b.whole
+	}
+
 	// A call answered after the first ask but before the turn's last
 	// 50ms (a heartbeat): asked again all the same, and the outage after
 	// it dated before the turn. (Excused by it, one replica of three lost
 	// the window in a run of TestWindowFaultJustBeforeATurn.)
-	r = newBreakerRig(false)
-	n = r.b.whole
-	r.b.Want(turn.UnixNano())
-	r.b.watchAt(at(900 * ms))
-	r.verdict(t, n)
+	r, n = firstAskAnswered()
 	n.Begin(at(910 * ms).UnixNano())
 	n.End(at(920*ms).UnixNano(), true)
 	r.b.Want(turn.UnixNano())
@@ -535,11 +541,7 @@ func TestBreakerAsksAnIdleServerAgainNearTheTurn(t *testing.T) {
 	// before the turn. (Left to the stall rule, which judges it 50ms after
 	// it began, past the turn, a replica of three lost the window in a run
 	// of TestWindowFaultJustBeforeATurn.)
-	r = newBreakerRig(false)
-	n = r.b.whole
-	r.b.Want(turn.UnixNano())
-	r.b.watchAt(at(900 * ms))
-	r.verdict(t, n)
+	r, n = firstAskAnswered()
 	n.Begin(at(930 * ms).UnixNano())
 	r.b.Want(turn.UnixNano())
 	if asked, down := r.idleAskTimesOut(t, n, at(950*ms)); !asked || !down {
@@ -550,11 +552,7 @@ func TestBreakerAsksAnIdleServerAgainNearTheTurn(t *testing.T) {
 	}
 	// A call answered within the turn's last 50ms: not asked again. An
 	// answering server: two asks a turn, no third.
-	r = newBreakerRig(false)
-	n = r.b.whole
-	r.b.Want(turn.UnixNano())
-	r.b.watchAt(at(900 * ms))
-	r.verdict(t, n)
+	r, n = firstAskAnswered()
 	n.Begin(at(950 * ms).UnixNano())
 	n.End(at(951*ms).UnixNano(), true)
 	r.b.Want(turn.UnixNano())
