@@ -170,9 +170,9 @@ type leaser interface {
 	// peek and reset serve the counters API (inspect.go).
 	peek(ctx context.Context, partition string, l quota.Limit) (quota.Inspection, error)
 	reset(ctx context.Context, partition string) error
-	// want says a decision of a window turning at by (unix ns) was
-	// served without a call (Store.want).
-	want(by int64)
+	// wantTurn says a decision under l at ns was served without a call
+	// (Store.wantTurn).
+	wantTurn(l quota.Limit, ns int64)
 }
 
 var _ leaser = (*Store)(nil)
@@ -332,13 +332,7 @@ func (h *Hybrid) TakeLocal(key string, l quota.Limit, n int64, now time.Time) (d
 // one (Resilient.windowLevel gives that one its full share; learnt at its
 // first call, the window would be one Redis may have counted in). A token
 // bucket's fallback does not depend on when an outage began.
-func (h *Hybrid) servedLocally(l quota.Limit, ns int64) {
-	if l.Algorithm == quota.TokenBucket {
-		return
-	}
-	w := max(int64(l.Window), 1)
-	h.store.want(ns - ns%w + w)
-}
+func (h *Hybrid) servedLocally(l quota.Limit, ns int64) { h.store.wantTurn(l, ns) }
 
 // request is one take of a leased key, as takeMissLocked's steps see it.
 type request struct {

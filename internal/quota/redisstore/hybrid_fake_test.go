@@ -134,7 +134,7 @@ func (f *fakeRedis) peek(context.Context, string, quota.Limit) (quota.Inspection
 	return quota.Inspection{}, errNotModelled
 }
 func (f *fakeRedis) reset(context.Context, string) error { return errNotModelled }
-func (f *fakeRedis) want(int64)                          {}
+func (f *fakeRedis) wantTurn(quota.Limit, int64)         {}
 
 // calls is a copy of the lease calls made so far.
 func (f *fakeRedis) calls() []leaseAsk {

@@ -26,6 +26,9 @@ func NewRedis(store *Store, table *Table) *Redis { return &Redis{store: store, t
 // Take implements quota.Limiter. The decision is made at Redis TIME; now
 // only stamps the level kept for a fallback.
 func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, now time.Time) (quota.Decision, error) {
+	if l.OnError == quota.ErrorFallback {
+		r.store.wantTurn(l, now.UnixNano())
+	}
 	var debt int64
 	if owesFallback(l) {
 		debt = r.table.takeDebt(key)

@@ -170,10 +170,22 @@ func (s *Store) Warm(ctx context.Context) error {
 	return nil
 }
 
-// want tells the breaker that a decision of a window turning at by (unix
-// ns) was served without a call (breaker.Breaker.Want): hybrid's window
-// slices and cached denials.
-func (s *Store) want(by int64) { s.breaker.Want(by) }
+// wantTurn tells the breaker when the window of a decision under l at ns
+// (unix ns) turns (breaker.Breaker.Want), when l counts windows: before
+// the turn it asks a Redis that has not answered lately, so that an
+// outage begun before the turn is dated before it (Resilient.windowLevel
+// gives the next window its full share). Hybrid's decisions served
+// without a call need it (no call to fail or stall); redis mode's too,
+// for an outage begun in a turn's last ticks, which its stalled calls
+// would show only StallAfter later, past the turn. A token bucket's
+// fallback does not depend on when an outage began.
+func (s *Store) wantTurn(l quota.Limit, ns int64) {
+	if l.Algorithm == quota.TokenBucket {
+		return
+	}
+	w := max(int64(l.Window), 1)
+	s.breaker.Want(ns - ns%w + w)
+}
 
 // Close stops the watch. It does not close the clients.
 func (s *Store) Close() { s.breaker.Close() }
