@@ -77,7 +77,8 @@ import (
 // the call), where redis mode, whose every decision calls, knew of the
 // outage before the window began and gives it its full share. What
 // matters is whether Redis was out of reach before the window turned, so
-// the store says when the windows it serves without calls turn (Want),
+// the store says when the windows it serves without calls turn (Want;
+// redis mode's too, for the second ask below),
 // and IdleProbe before the nearest turn, a server with no call pending
 // that has not answered since is asked, as a suspicion is, but with the
 // call timeout (no call runs beside the probe to prove Redis answers,
@@ -382,10 +383,11 @@ func (n *Node) logAttrs(args ...any) []any {
 	return args
 }
 
-// Want records that a decision of a window turning at by (unix ns) was
-// served without calling Redis: IdleProbe before the nearest such turn,
-// and again two ticks before it, the watch asks a server that has not
-// answered since (the design note).
+// Want records that a window the store decides in turns at by (unix ns):
+// IdleProbe before the nearest such turn, and again two ticks before it,
+// the watch asks a server that has not answered since (the design note;
+// hybrid's decisions served without calls, and redis mode's, whose
+// calls stalled in the turn's last ticks are judged only after it).
 // A load, and a store once per turn, so that a decision served from
 // memory pays next to nothing for it.
 func (b *Breaker) Want(by int64) {
@@ -489,10 +491,10 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 // tick is the watch's period.
 func (b *Breaker) tick() time.Duration { return max(b.opts.StallAfter/2, time.Millisecond) }
 
-// lateAsk is how long before a window's turn the watch asks an idle
-// server a second time: two ticks, so that a tick a little late still
-// falls before the turn.
-func lateAsk(tick time.Duration) time.Duration { return 2 * tick }
+// lateAsk is how long before a window's turn the watch asks a server a
+// second time: two ticks, so that a tick a little late still falls
+// before the turn.
+func (b *Breaker) lateAsk() time.Duration { return 2 * b.tick() }
 
 // AwaitVerdict waits, at most until ctx is done, for the confirmation
 // probe running for n, and reports whether n is down
@@ -612,7 +614,7 @@ func (b *Breaker) watchAt(now time.Time) {
 			b.wantBy.CompareAndSwap(by, 0) // a turn missed: the next Want sets the next
 		case by != b.askedTurn:
 			ask, b.askedTurn = by-int64(b.opts.IdleProbe), by
-		case by != b.askedLate && b.opts.IdleProbe > lateAsk(b.tick()) && ns >= by-int64(lateAsk(b.tick())):
+		case by != b.askedLate && b.opts.IdleProbe > b.lateAsk() && ns >= by-int64(b.lateAsk()):
 			// Asked again at the turn's last ticks: an outage that
 			// began after the first ask was answered is then dated
 			// before the turn all the same, where it was learnt at
@@ -624,7 +626,7 @@ func (b *Breaker) watchAt(now time.Time) {
 			// asked beside a call pending (a heartbeat sent into the
 			// outage), which the stall rule would judge only
 			// StallAfter after the call began, past the turn.
-			ask, pending, b.askedLate = by-int64(lateAsk(b.tick())), true, by
+			ask, pending, b.askedLate = by-int64(b.lateAsk()), true, by
 			b.wantBy.CompareAndSwap(by, 0) // this turn's asks are made: the next Want sets the next
 		}
 	}

@@ -293,7 +293,7 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 	if !h.endLeaseLocked(key, e, l, now) && e.lease.spend(n, need) {
 		d := h.allowLocked(e, l, ns)
 		sh.Unlock()
-		h.servedLocally(l, ns)
+		h.store.wantTurn(l, ns)
 		return d, nil
 	}
 	return h.takeMissLocked(ctx, sh, e, &request{key: key, l: l, n: n, need: need, now: now, ns: ns})
@@ -321,18 +321,9 @@ func (h *Hybrid) TakeLocal(key string, l quota.Limit, n int64, now time.Time) (d
 	e.lastUsed = ns
 	d = h.allowLocked(e, l, ns)
 	sh.Unlock()
-	h.servedLocally(l, ns)
+	h.store.wantTurn(l, ns)
 	return d, true
 }
-
-// servedLocally tells the store that a decision under l at ns was made
-// without a call, when l counts windows: before the window turns, the
-// breaker then asks a Redis that has not answered since, so that an
-// outage that began in the window is known to have begun before the next
-// one (Resilient.windowLevel gives that one its full share; learnt at its
-// first call, the window would be one Redis may have counted in). A token
-// bucket's fallback does not depend on when an outage began.
-func (h *Hybrid) servedLocally(l quota.Limit, ns int64) { h.store.wantTurn(l, ns) }
 
 // request is one take of a leased key, as takeMissLocked's steps see it.
 type request struct {
@@ -359,7 +350,7 @@ func (h *Hybrid) takeMissLocked(ctx context.Context, sh *localcache.Shard[*keySt
 		if d, ok := h.deniedLocked(e, r, asked); ok {
 			sh.Unlock()
 			if !asked {
-				h.servedLocally(r.l, r.ns)
+				h.store.wantTurn(r.l, r.ns)
 			}
 			return d, nil
 		}
