@@ -82,6 +82,17 @@ func latency(ms, jitter int64) toxic {
 	return toxic{Name: "latency", Type: "latency", Stream: "downstream", Toxicity: 1, Attributes: map[string]int64{"latency": ms, "jitter": jitter}}
 }
 
+// answersWithin reports whether every reply behind f comes within d:
+// f only delays replies (latency toxics), by less than d at most.
+func (f netFault) answersWithin(d time.Duration) bool {
+	for _, x := range f.toxics {
+		if x.Type != "latency" || time.Duration(x.Attributes["latency"]+x.Attributes["jitter"])*time.Millisecond >= d {
+			return false
+		}
+	}
+	return len(f.toxics) > 0
+}
+
 // faultMatrix is every network fault of issue 32, in the table's order.
 var faultMatrix = []netFault{
 	{"latency 1ms ±1ms", []toxic{latency(1, 1)}, 0},
@@ -108,6 +119,7 @@ type faultRun struct {
 	exact              int // one exact bucket per key over elapsed
 	p50, p99           time.Duration
 	degraded           float64 // degraded decisions counted by the replicas
+	opened             float64 // breakers the replicas opened (extauthz_redis_breaker_opened_total)
 	server             serverSide
 	counted            bool // the process counts degraded decisions
 	recovery           time.Duration
@@ -229,6 +241,16 @@ func (m *modeUnderFault) readDegraded() float64 {
 	return m.degraded()
 }
 
+// readOpened is the breakers m's replicas opened so far (0 for a
+// service that has none).
+func (m *modeUnderFault) readOpened() float64 {
+	var n float64
+	for _, r := range m.replicas {
+		n += r.metric("extauthz_redis_breaker_opened_total")
+	}
+	return n
+}
+
 func (m *modeUnderFault) readServer() serverSide {
 	if m.server == nil {
 		return serverSide{}
@@ -306,9 +328,11 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	degradedBefore := make([]float64, len(modes))
+	openedBefore := make([]float64, len(modes))
 	serverBefore := make([]serverSide, len(modes))
 	for i, m := range modes {
 		degradedBefore[i] = m.readDegraded()
+		openedBefore[i] = m.readOpened()
 		serverBefore[i] = m.readServer()
 	}
 	netCtx := withSourceNet(context.Background(), plan.sourceNet)
@@ -402,7 +426,7 @@ func runNetFault(t *testing.T, x *toxiproxy, modes []*modeUnderFault, f netFault
 
 	var out []*faultRun
 	for mi, m := range modes {
-		run := &faultRun{mode: m.mode, elapsed: elapsed, degraded: m.readDegraded() - degradedBefore[mi], counted: m.degraded != nil, faultAt: faultAt, clearedAt: cleared, endAt: end}
+		run := &faultRun{mode: m.mode, elapsed: elapsed, degraded: m.readDegraded() - degradedBefore[mi], opened: m.readOpened() - openedBefore[mi], counted: m.degraded != nil, faultAt: faultAt, clearedAt: cleared, endAt: end}
 		sv := m.readServer()
 		run.server = serverSide{sv.failed - serverBefore[mi].failed, sv.slow - serverBefore[mi].slow}
 		// Every key is loaded above its rate from the first instant to
@@ -457,6 +481,9 @@ func (r *faultRun) row(fault string, oracle *faultRun) string {
 	}
 	errs := fmt.Sprintf("%d (%v failed, %v over 250ms)", r.errors, r.server.failed, r.server.slow)
 	degraded := fmt.Sprintf("%.1f%%", 100*r.degraded/float64(max(r.decisions, 1)))
+	if r.opened > 0 {
+		degraded += fmt.Sprintf(" (breakers opened: %v)", r.opened)
+	}
 	if !r.counted {
 		errs, degraded, rec = fmt.Sprint(r.errors), "not counted", "not counted"
 	}
@@ -560,6 +587,19 @@ func (s faultSuite) run(t *testing.T, x *toxiproxy, modes []*modeUnderFault) {
 				t.Log(rows[len(rows)-1])
 			}
 			s.check(t, runs, plan)
+			if f.answersWithin(defaultRedisTimeout) {
+				// A link that answers every call within the call timeout is
+				// slow, not down: a replica that opened its breaker on it
+				// admitted its fallback share beside the others' count in
+				// Redis (549 of 540 once, before confirmations waited the
+				// call timeout behind slow answers and redialled their
+				// probe's connection).
+				for _, r := range runs {
+					if r.opened > 0 {
+						t.Errorf("%s: %v breakers opened behind %s, whose every answer comes within the %v call timeout; want none", r.mode, r.opened, f.name, defaultRedisTimeout)
+					}
+				}
+			}
 		})
 	}
 	t.Logf("%s\n%s", s.header, strings.Join(rows, "\n"))

@@ -32,18 +32,27 @@ import (
 // LOADING or CLUSTERDOWN that says the server cannot serve) and a stalled
 // call (in flight for StallAfter with no call finishing meanwhile) only make
 // the store suspicious. Suspicion starts one confirmation probe on a
-// connection of its own, outside the decision pool, with ProbeTimeout.
-// The breaker opens when the probe fails and no decision's call succeeded
-// while it ran; a probe that answers clears the suspicion. So:
+// connection of its own, outside the decision pool, with ProbeTimeout, or
+// the call timeout where the server has shown itself slow (a call ran
+// into its timeout, or one was answered after over half of ProbeTimeout
+// in the last 10s). The breaker opens when the probe fails and no
+// decision's call succeeded while it ran; a probe that answers clears
+// the suspicion. So:
 //
 //   - a killed or refusing Redis fails calls and the probe at once: open
 //     within milliseconds;
 //   - a frozen Redis stalls calls; after StallAfter the probe starts and
 //     gets no answer within ProbeTimeout: open within StallAfter + one watch
-//     tick + ProbeTimeout (175ms at the defaults);
+//     tick + ProbeTimeout (175ms at the defaults; 50ms more within 10s
+//     of an answer that took over 50ms);
 //   - a process frozen 40ms of every 100ms, a full pool or a slow Redis
 //     (DEBUG SLEEP, CLIENT PAUSE of tens of milliseconds) may stall calls,
-//     but the probe answers: no trip.
+//     but the probe answers: no trip;
+//   - a slow link (latency of 80ms ± 40) times some calls out, but the
+//     probe waits as long as a call would: no trip.
+//     (With ProbeTimeout alone, a probe whose answer took 100 to 120ms
+//     opened one replica's breaker while the others counted on in Redis:
+//     its fallback share on top.)
 //
 // Errors that concern one key or script (WRONGTYPE, OOM, a script error)
 // are not Redis being down; a caller that went away (context.Canceled from
@@ -51,11 +60,11 @@ import (
 //
 // A probe whose connection broke (reset by the peer, closed, cut
 // mid-reply) is asked again at once, on a fresh connection, for as long
-// as the confirmation has run less than ProbeTimeout: a broken connection
+// as the confirmation has run less than its timeout: a broken connection
 // is gone, which says nothing of the server. A server that is down
 // refuses the fresh one or lets it time out, which is conclusive; one
 // that lets every connection through and breaks each (a proxy with no
-// backend) is marked down once ProbeTimeout has passed, as a frozen one
+// backend) is marked down once that timeout has passed, as a frozen one
 // is. (A proxy or link that resets some of the connections it carries
 // otherwise opened the breakers of the replicas whose probe drew a reset,
 // while the others went on counting in Redis: each open replica's
@@ -237,7 +246,7 @@ func New(p Prober, o Options) *Breaker {
 		o.Now = time.Now
 	}
 	b := &Breaker{p: p, opts: o, nodes: map[string]*Node{}, stop: make(chan struct{})}
-	b.whole = newNode("", o.WholeKey)
+	b.whole = b.newNode("", o.WholeKey)
 	o.Metrics.Up.Set(1)
 	return b
 }
@@ -287,17 +296,22 @@ type Node struct {
 	inflight atomic.Int64
 	progress atomic.Int64
 	lastOK   atomic.Int64
+	// slowAt is the last instant (unix ns) a call was answered after
+	// over slowCall (ns: half of ProbeTimeout); 0: none yet.
+	slowAt   atomic.Int64
+	slowCall int64
 
 	// verdict is closed when the running confirmation probe has decided;
 	// nil while none runs.
 	verdictMu sync.Mutex
+	redialing atomic.Bool // a redial runs
 	verdict   chan struct{}
 
 	lastProbe time.Time // the watch's last probe while down; the watch's alone
 }
 
-func newNode(addr, key string) *Node {
-	n := &Node{addr: addr, key: key}
+func (b *Breaker) newNode(addr, key string) *Node {
+	n := &Node{addr: addr, key: key, slowCall: int64(b.opts.ProbeTimeout / 2)}
 	n.outage.Store(newOutage())
 	return n
 }
@@ -337,7 +351,7 @@ func (b *Breaker) addNode(addr, key string) *Node {
 	if n := b.nodes[addr]; n != nil {
 		return n
 	}
-	n := newNode(addr, key)
+	n := b.newNode(addr, key)
 	b.nodes[addr] = n
 	b.listLocked()
 	if len(b.nodes) > 1 && !b.closed.Load() {
@@ -409,13 +423,41 @@ func (n *Node) Begin(ns int64) {
 	}
 }
 
-// End records a call finishing at ns, successfully or not.
-func (n *Node) End(ns int64, ok bool) {
+// End records a call begun at began finishing at ns (unix ns),
+// successfully or not.
+func (n *Node) End(began, ns int64, ok bool) {
 	n.inflight.Add(-1)
 	n.progress.Store(ns)
 	if ok {
 		n.lastOK.Store(ns)
+		if ns-began > n.slowCall {
+			n.slowAt.Store(ns)
+		}
 	}
+}
+
+// slowFor is how long a slow answer (Node.slowAt) makes confirmations
+// wait the call timeout.
+const slowFor = 10 * time.Second
+
+// confirmTimeout is how long a confirmation's probe of n waits when cause
+// raised the suspicion: ProbeTimeout, or the call timeout (if longer)
+// when the server has shown itself slow, because cause is a call that ran
+// into its timeout or because a call was answered after over half of
+// ProbeTimeout within slowFor. A frozen server behind a fast link is
+// judged within ProbeTimeout (its stalled calls raise the suspicion
+// before any call times out); a slow link that answers within the call
+// timeout (a WAN hop, a congested network, latency of 80ms ± 40) is not
+// marked down because the probe's answer took as long as the calls' do.
+func (b *Breaker) confirmTimeout(n *Node, cause error) time.Duration {
+	slow := IsTimeout(cause)
+	if at := n.slowAt.Load(); at != 0 && b.now().UnixNano()-at < int64(slowFor) {
+		slow = true
+	}
+	if slow {
+		return max(b.opts.ProbeTimeout, b.opts.CallTimeout)
+	}
+	return b.opts.ProbeTimeout
 }
 
 // Suspect starts a confirmation probe of n unless one is running or n is
@@ -442,7 +484,7 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 		n.verdictMu.Unlock()
 		close(done)
 	}()
-	timeout := b.opts.ProbeTimeout
+	timeout := b.confirmTimeout(n, cause)
 	start := b.now()
 	op := "confirm"
 	if cause == errIdle {
@@ -452,6 +494,7 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 		// the call timeout serves, and is not marked down for it.
 		op, timeout = "idle", max(b.opts.ProbeTimeout, b.opts.CallTimeout)
 	}
+	budget := timeout // for connections that break (below)
 	for {
 		began := b.now()
 		err := b.probeOnce(n, timeout)
@@ -461,9 +504,12 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 		}
 		if n.lastOK.Load() >= began.UnixNano() {
 			b.opts.Metrics.Calls.WithLabelValues(op, Result(err)).Inc()
+			if IsTimeout(err) {
+				b.redial(n)
+			}
 			return // a decision's call got through meanwhile: Redis answers
 		}
-		if Broken(err) && b.now().Sub(start) < b.opts.ProbeTimeout && !b.closed.Load() {
+		if Broken(err) && b.now().Sub(start) < budget && !b.closed.Load() {
 			// The probe's connection broke (reset, closed): that
 			// connection is gone, which says nothing of the server
 			// behind it. The client dials afresh for the next: a
@@ -483,9 +529,37 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 			continue
 		}
 		b.opts.Metrics.Calls.WithLabelValues(op, Result(err)).Inc()
-		b.markDown(n, cause, err, start)
+		b.markDown(n, cause, err, start, timeout)
 		return
 	}
+}
+
+// redialTimeout bounds redial's probe: the handshake of a fresh
+// connection (HELLO, CLIENT SETNAME) and the probe's own round trip,
+// behind a link as slow as the call timeout allows: five times it, as
+// the clients' dial timeout is (750ms at the defaults).
+func (b *Breaker) redialTimeout() time.Duration {
+	return 5 * max(b.opts.ProbeTimeout, b.opts.CallTimeout)
+}
+
+// redial gives n's probe a connection again, in the background, after a
+// probe timed out while a decision's call proved the server answers. The
+// client dropped the connection the late answer was due on, so the next
+// probe would dial, and pay the handshake's round trips inside its own
+// timeout: behind a slow link (80ms ± 40), every later probe of that
+// replica timed out so (18 of 19 in a run), until a confirmation that no
+// call happened to answer beside opened its breaker. A server just shown
+// to answer is worth dialling now, with time for the handshake; one that
+// froze meanwhile keeps the dial waiting, and the next confirmation's
+// probe, waiting its turn for the connection, times out as it should.
+func (b *Breaker) redial(n *Node) {
+	if b.closed.Load() || !n.redialing.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer n.redialing.Store(false)
+		b.p.Probe(n.addr, n.key, b.redialTimeout())
+	}()
 }
 
 // tick is the watch's period.
@@ -542,7 +616,7 @@ func redirected(err error) bool {
 
 // markDown opens n's breaker: its calls fail at once, those in flight
 // give up.
-func (b *Breaker) markDown(n *Node, cause, probeErr error, since time.Time) {
+func (b *Breaker) markDown(n *Node, cause, probeErr error, since time.Time, waited time.Duration) {
 	if b.closed.Load() || !n.down.CompareAndSwap(false, true) {
 		return
 	}
@@ -553,7 +627,7 @@ func (b *Breaker) markDown(n *Node, cause, probeErr error, since time.Time) {
 	b.opts.Metrics.Opened.Inc()
 	n.outage.Load().cancel()
 	b.opts.Log.Warn("redis marked down; policies follow on_redis_error",
-		n.logAttrs("error", cause.Error(), "probe", probeErr.Error())...)
+		n.logAttrs("error", cause.Error(), "probe", probeErr.Error(), "probe_timeout", waited.String())...)
 }
 
 // markUp closes n's breaker after a probe answered.

@@ -322,9 +322,10 @@ func TestBreakerSuccessDuringProbeKeepsItClosed(t *testing.T) {
 	r := newBreakerRig(false)
 	n := r.b.whole
 	r.p.set(func(probeCall) error {
-		n.Begin(r.clock.Now().UnixNano())
+		began := r.clock.Now().UnixNano()
+		n.Begin(began)
 		r.clock.Advance(probeTimeout)
-		n.End(r.clock.Now().UnixNano(), true)
+		n.End(began, r.clock.Now().UnixNano(), true)
 		return context.DeadlineExceeded
 	})
 	r.b.Suspect(n, errIO)
@@ -333,12 +334,146 @@ func TestBreakerSuccessDuringProbeKeepsItClosed(t *testing.T) {
 	}
 
 	n.Begin(r.clock.Now().UnixNano())
-	n.End(r.clock.Now().UnixNano(), true)
+	n.End(r.clock.Now().UnixNano(), r.clock.Now().UnixNano(), true)
 	r.clock.Advance(time.Nanosecond)
 	r.p.set(r.answerAfter(probeTimeout, context.DeadlineExceeded))
 	r.b.Suspect(n, errIO)
 	if !r.verdict(t, n) {
 		t.Fatal("a success before the probe kept the breaker closed")
+	}
+}
+
+// A confirmation's probe waits the call timeout, not ProbeTimeout, where
+// the server has shown itself slow: a call ran into its timeout, or one
+// was answered after over half of ProbeTimeout within the last 10s. A
+// link of 80ms ± 40 is not marked down for a probe answered in 120ms
+// (with ProbeTimeout alone, one replica's breaker opened so under make
+// test-faults, and its fallback share came on top of the others' count
+// in Redis); a frozen server behind a fast link is still judged within
+// ProbeTimeout.
+func TestBreakerConfirmationWaitsLongerAfterSlowAnswers(t *testing.T) {
+	ms := time.Millisecond
+	// link answers a probe after took, or times it out at its deadline.
+	link := func(r *breakerRig, took time.Duration) func(probeCall) error {
+		return func(c probeCall) error {
+			if c.timeout < took {
+				r.clock.Advance(c.timeout)
+				return context.DeadlineExceeded
+			}
+			r.clock.Advance(took)
+			return nil
+		}
+	}
+	// calls records decisions' calls that succeeded, one after another.
+	calls := func(r *breakerRig, n *Node, took ...time.Duration) {
+		for _, d := range took {
+			began := r.clock.Now().UnixNano()
+			n.Begin(began)
+			r.clock.Advance(d)
+			n.End(began, r.clock.Now().UnixNano(), true)
+		}
+		r.clock.Advance(time.Nanosecond) // the probe begins after the last answer: it proves nothing
+	}
+	// confirm raises a suspicion of cause with the server's probes
+	// answered after took, and returns how long the probe waited and
+	// whether the server is then down.
+	confirm := func(r *breakerRig, n *Node, cause error, took time.Duration) (time.Duration, bool) {
+		t.Helper()
+		r.p.set(link(r, took))
+		r.b.Suspect(n, cause)
+		down := r.verdict(t, n)
+		got := r.p.calls()
+		if len(got) != 1 {
+			t.Fatalf("probes %v, want one", got)
+		}
+		return got[0].timeout, down
+	}
+	frozen := time.Hour
+
+	r := newBreakerRig(false)
+	calls(r, r.b.whole, 80*ms, 120*ms, 45*ms, 110*ms, 70*ms)
+	if waited, down := confirm(r, r.b.whole, errIO, 120*ms); down || waited != callTimeout {
+		t.Fatalf("calls answered in 45 to 120ms, a probe answered in 120ms: waited %v, down %v; want the call timeout (%v), up", waited, down, callTimeout)
+	}
+
+	r = newBreakerRig(false)
+	calls(r, r.b.whole, 300*time.Microsecond, 51*ms)
+	r.clock.Advance(slowFor - time.Millisecond)
+	if waited, down := confirm(r, r.b.whole, errStalled, frozen); !down || waited != callTimeout {
+		t.Fatalf("an answer of 51ms 10s ago less 1ms, a frozen server: waited %v, down %v; want the call timeout (%v), down", waited, down, callTimeout)
+	}
+	r = newBreakerRig(false)
+	calls(r, r.b.whole, 300*time.Microsecond, 51*ms)
+	r.clock.Advance(slowFor)
+	if waited, down := confirm(r, r.b.whole, errStalled, frozen); !down || waited != probeTimeout {
+		t.Fatalf("an answer of 51ms 10s ago, a frozen server: waited %v, down %v; want ProbeTimeout (%v), down", waited, down, probeTimeout)
+	}
+
+	for _, c := range []struct {
+		name  string
+		calls []time.Duration
+		cause error
+		want  time.Duration
+	}{
+		{"fast calls, a stall", []time.Duration{300 * time.Microsecond, 200 * time.Microsecond, 500 * time.Microsecond}, errStalled, probeTimeout},
+		{"no call answered yet, a broken call", nil, errIO, probeTimeout},
+		{"calls of 15 to 50ms, a stall", []time.Duration{20 * ms, 15 * ms, 50 * ms}, errStalled, probeTimeout},
+		{"fast calls, a call ran into its timeout", []time.Duration{300 * time.Microsecond}, context.DeadlineExceeded, callTimeout},
+	} {
+		r := newBreakerRig(false)
+		calls(r, r.b.whole, c.calls...)
+		if waited, down := confirm(r, r.b.whole, c.cause, frozen); !down || waited != c.want {
+			t.Fatalf("%s, a frozen server: waited %v, down %v; want %v, down", c.name, waited, down, c.want)
+		}
+	}
+}
+
+// A probe that timed out while a decision's call answered (the
+// confirmation clears) has its connection dialled again at once, in the
+// background, with time for the handshake (redialTimeout, 750ms): the client
+// dropped the connection, and a probe that dials behind a slow link
+// pays the handshake's round trips inside its own timeout. A probe that
+// answered, or failed otherwise, is not followed by a dial.
+func TestBreakerRedialsAfterAProbeTimedOutBesideAnAnswer(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		probe  error
+		redial bool
+	}{
+		{"timed out", context.DeadlineExceeded, true},
+		{"answered", nil, false},
+		{"refused", errRefused, false},
+	} {
+		r := newBreakerRig(false)
+		n := r.b.whole
+		redialed := make(chan struct{}, 1)
+		r.p.set(func(p probeCall) error {
+			if p.timeout == r.b.redialTimeout() {
+				redialed <- struct{}{}
+				return nil
+			}
+			began := r.clock.Now().UnixNano()
+			n.Begin(began)
+			r.clock.Advance(probeTimeout)
+			n.End(began, r.clock.Now().UnixNano(), true) // a decision's call answers meanwhile
+			return c.probe
+		})
+		r.b.Suspect(n, errStalled)
+		if r.verdict(t, n) {
+			t.Fatalf("probe %s: down although a call answered during it", c.name)
+		}
+		if !c.redial {
+			// redial marks itself running before it returns
+			if n.redialing.Load() || len(r.p.calls()) != 1 {
+				t.Fatalf("probe %s: redialed (probes %v)", c.name, r.p.calls())
+			}
+			continue
+		}
+		select {
+		case <-redialed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("probe %s beside an answer: not redialed (probes %v)", c.name, r.p.calls())
+		}
 	}
 }
 
@@ -381,7 +516,7 @@ func TestBreakerStallRaisesSuspicion(t *testing.T) {
 	r.p.set(func(probeCall) error { <-hold; return nil })
 	n.Begin(t0.UnixNano())
 	n.Begin(t0.UnixNano())
-	n.End(t0.Add(30*ms).UnixNano(), false) // one finishes: progress, even failed
+	n.End(t0.UnixNano(), t0.Add(30*ms).UnixNano(), false) // one finishes: progress, even failed
 	for _, at := range []time.Duration{50 * ms, 79 * ms} {
 		if r.b.watchAt(t0.Add(at)); r.confirming(n) {
 			t.Fatalf("at %v: suspicion 30ms after a call finished", at)
@@ -410,7 +545,7 @@ func TestBreakerAsksAnIdleServerBeforeAWindowTurns(t *testing.T) {
 	r := newBreakerRig(false)
 	n := r.b.whole
 	n.Begin(t0.UnixNano())
-	n.End(at(ms).UnixNano(), true) // the last answer: t0+1ms
+	n.End(t0.UnixNano(), at(ms).UnixNano(), true) // the last answer: t0+1ms
 
 	r.b.watchAt(at(950 * ms))
 	if r.confirming(n) {
@@ -424,7 +559,7 @@ func TestBreakerAsksAnIdleServerBeforeAWindowTurns(t *testing.T) {
 	if r.b.watchAt(at(900 * ms)); r.confirming(n) {
 		t.Fatal("an idle probe beside a pending call")
 	}
-	n.End(at(1905*ms).UnixNano(), true) // it answered within IdleProbe of the next turn
+	n.End(at(890*ms).UnixNano(), at(1905*ms).UnixNano(), true) // it answered within IdleProbe of the next turn
 	r.b.Want(at(2 * time.Second).UnixNano())
 	if r.b.watchAt(at(1910 * ms)); r.confirming(n) {
 		t.Fatal("asked although Redis answered within IdleProbe of the turn")
@@ -487,7 +622,7 @@ func TestBreakerAsksAnIdleServerAgainNearTheTurn(t *testing.T) {
 	r := newBreakerRig(false)
 	n := r.b.whole
 	n.Begin(t0.UnixNano())
-	n.End(at(ms).UnixNano(), true) // the last answer: t0+1ms
+	n.End(t0.UnixNano(), at(ms).UnixNano(), true) // the last answer: t0+1ms
 	turn := at(time.Second)
 	r.b.Want(turn.UnixNano())
 	if r.b.watchAt(at(900 * ms)); !r.confirming(n) {
@@ -531,7 +666,7 @@ func TestBreakerAsksAnIdleServerAgainNearTheTurn(t *testing.T) {
 	// the window in a run of TestWindowFaultJustBeforeATurn.)
 	r, n = firstAskAnswered()
 	n.Begin(at(910 * ms).UnixNano())
-	n.End(at(920*ms).UnixNano(), true)
+	n.End(at(910*ms).UnixNano(), at(920*ms).UnixNano(), true)
 	r.b.Want(turn.UnixNano())
 	if asked, down := r.idleAskTimesOut(t, n, at(950*ms)); !asked || !down {
 		t.Fatalf("a call answered 80ms before the turn: asked again %v, down %v; want both", asked, down)
@@ -554,7 +689,7 @@ func TestBreakerAsksAnIdleServerAgainNearTheTurn(t *testing.T) {
 	// answering server: two asks a turn, no third.
 	r, n = firstAskAnswered()
 	n.Begin(at(950 * ms).UnixNano())
-	n.End(at(951*ms).UnixNano(), true)
+	n.End(at(950*ms).UnixNano(), at(951*ms).UnixNano(), true)
 	r.b.Want(turn.UnixNano())
 	if r.b.watchAt(at(955 * ms)); r.confirming(n) {
 		t.Fatal("asked again although a call answered 49ms before the turn")

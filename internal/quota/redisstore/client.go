@@ -114,6 +114,10 @@ func NewClients(o ClientOptions) (*Clients, error) {
 	// a pool full of slow decisions never delays the verdict on Redis.
 	probeOpts := *opts
 	probeOpts.PoolSize, probeOpts.MinIdleConns = 1, 0
+	// Kept however long it idles (Store.Warm dials it): a suspicion may
+	// come after hours of calls that answered, and a dial inside the
+	// probe's timeout costs round trips a slow link may not have.
+	probeOpts.ConnMaxIdleTime = -1
 	if o.Name != "" {
 		probeOpts.ClientName = o.Name + "-probe"
 	}

@@ -159,6 +159,14 @@ func (s *Store) Warm(ctx context.Context) error {
 	if fn := s.warmed.Load(); fn != nil {
 		(*fn)(ctx)
 	}
+	if s.opts.Router == nil {
+		// The breaker's probe connection, dialled now, while Redis
+		// answers: a confirmation behind a slow link would otherwise pay
+		// the dial's round trips (HELLO, CLIENT SETNAME) inside its
+		// timeout, and its breaker open on a link that answers. (A
+		// Cluster's masters get probe clients as the breaker meets them.)
+		s.opts.Probe.Exists(ctx, s.peersKey())
+	}
 	now := time.Now().UnixNano()
 	if s.down.Load() != 0 {
 		// The breaker lets Redis back after this: it was out of reach
@@ -318,7 +326,7 @@ func (s *Store) runCall(ctx context.Context, op string, key string, call func(co
 	go func() {
 		v, err := call(callCtx)
 		at := time.Now().UnixNano()
-		n.End(at, err == nil)
+		n.End(start.UnixNano(), at, err == nil)
 		if err == nil {
 			s.answered.Store(at)
 		}
