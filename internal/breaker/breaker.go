@@ -552,6 +552,9 @@ func (b *Breaker) redialTimeout() time.Duration {
 // to answer is worth dialling now, with time for the handshake; one that
 // froze meanwhile keeps the dial waiting, and the next confirmation's
 // probe, waiting its turn for the connection, times out as it should.
+// (So does one that comes while a slow link's handshake runs, a few
+// hundred milliseconds: it is cleared only by a decision's call answering
+// beside it, as every confirmation was before.)
 func (b *Breaker) redial(n *Node) {
 	if b.closed.Load() || !n.redialing.CompareAndSwap(false, true) {
 		return
