@@ -173,6 +173,9 @@ type leaser interface {
 	// wantTurn says a decision under l at ns was served without a call
 	// (Store.wantTurn).
 	wantTurn(l quota.Limit, ns int64)
+	// levelAt stamps a level a call begun at began reported, for a
+	// decision at now (Store.levelAt).
+	levelAt(now, began time.Time) time.Time
 }
 
 var _ leaser = (*Store)(nil)
@@ -279,9 +282,10 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		return h.budget(ctx, key, l, n, now)
 	}
 	if !leases(l) {
+		began := time.Now()
 		d, err := h.store.decide(ctx, key, l, n, 0) // no lease: no fallback debt kept either
 		if err == nil && l.OnError == quota.ErrorFallback {
-			h.table.record(key, d.Remaining, now)
+			h.table.record(key, d.Remaining, h.store.levelAt(now, began))
 		}
 		return d, err
 	}
@@ -443,6 +447,7 @@ func (h *Hybrid) renewLocked(ctx context.Context, sh *localcache.Shard[*keyState
 	e.flight = f
 	sh.Unlock()
 
+	began := time.Now()
 	ls, err := h.lease(ctx, r.key, r.l, a)
 
 	h.table.Lock(r.key)
@@ -476,7 +481,7 @@ func (h *Hybrid) renewLocked(ctx context.Context, sh *localcache.Shard[*keyState
 		h.enqueue(giveback{key: r.key, algorithm: r.l.Algorithm, window: r.l.Window, lease: held{id: ls.id, granted: ls.granted - r.n, unspent: ls.granted}, reason: ReturnEvicted})
 		return quota.Decision{}, false, nil
 	}
-	e.remote, e.remoteAt = ls.remaining, r.ns
+	e.remote, e.remoteAt = ls.remaining, h.store.levelAt(r.now, began).UnixNano()
 	e.fullAt = r.ns + int64(ls.full)
 	e.count = 0
 	if ls.granted == 0 {
@@ -587,6 +592,7 @@ func (h *Hybrid) budget(ctx context.Context, key string, l quota.Limit, n int64,
 	}
 	debt := debtLocked(e, l)
 	sh.Unlock()
+	began := time.Now()
 	d, err := h.store.decide(ctx, key, l, n, debt)
 	if err != nil {
 		// Charged again next time: if this call ran after all, the
@@ -595,7 +601,7 @@ func (h *Hybrid) budget(ctx context.Context, key string, l quota.Limit, n int64,
 		return quota.Decision{}, err
 	}
 	if l.OnError == quota.ErrorFallback {
-		h.table.record(key, d.Remaining, now)
+		h.table.record(key, d.Remaining, h.store.levelAt(now, began))
 	}
 	return d, nil
 }

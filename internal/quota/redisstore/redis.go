@@ -33,6 +33,7 @@ func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, no
 	if owesFallback(l) {
 		debt = r.table.takeDebt(key)
 	}
+	began := time.Now()
 	d, err := r.store.decideHolding(ctx, key, l, n, debt, holdFrom(ctx))
 	if err != nil {
 		// Charged again next time: if this call ran after all, the
@@ -42,7 +43,7 @@ func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, no
 	}
 	if l.OnError == quota.ErrorFallback {
 		// One table operation beside a Redis round trip.
-		r.table.record(key, d.Remaining, now)
+		r.table.record(key, d.Remaining, r.store.levelAt(now, began))
 	}
 	return d, nil
 }
