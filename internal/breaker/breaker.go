@@ -298,13 +298,13 @@ type Node struct {
 	lastOK   atomic.Int64
 	// slowAt is the last instant (unix ns) a call was answered after
 	// over slowCall (ns: half of ProbeTimeout); 0: none yet.
-	slowAt   atomic.Int64
-	slowCall int64
+	slowAt    atomic.Int64
+	slowCall  int64
+	redialing atomic.Bool // a redial runs
 
 	// verdict is closed when the running confirmation probe has decided;
 	// nil while none runs.
 	verdictMu sync.Mutex
-	redialing atomic.Bool // a redial runs
 	verdict   chan struct{}
 
 	lastProbe time.Time // the watch's last probe while down; the watch's alone
@@ -440,22 +440,29 @@ func (n *Node) End(began, ns int64, ok bool) {
 // wait the call timeout.
 const slowFor = 10 * time.Second
 
+// callWait is as long as a decision's call waits (the call timeout),
+// ProbeTimeout at least: the wait of a probe that must not judge Redis
+// more harshly than a call would.
+func (b *Breaker) callWait() time.Duration { return max(b.opts.ProbeTimeout, b.opts.CallTimeout) }
+
 // confirmTimeout is how long a confirmation's probe of n waits when cause
-// raised the suspicion: ProbeTimeout, or the call timeout (if longer)
-// when the server has shown itself slow, because cause is a call that ran
-// into its timeout or because a call was answered after over half of
-// ProbeTimeout within slowFor. A frozen server behind a fast link is
+// raised the suspicion: callWait for an idle ask (no decision's call runs
+// beside it to prove Redis answers, and a Redis that answers a call in
+// time serves), and when the server has shown itself slow, because cause
+// is a call that ran into its timeout or because a call was answered
+// after over half of ProbeTimeout within slowFor; else ProbeTimeout. A
+// frozen server behind a fast link is
 // judged within ProbeTimeout (its stalled calls raise the suspicion
 // before any call times out); a slow link that answers within the call
 // timeout (a WAN hop, a congested network, latency of 80ms ± 40) is not
 // marked down because the probe's answer took as long as the calls' do.
 func (b *Breaker) confirmTimeout(n *Node, cause error) time.Duration {
-	slow := IsTimeout(cause)
+	slow := cause == errIdle || IsTimeout(cause)
 	if at := n.slowAt.Load(); at != 0 && b.now().UnixNano()-at < int64(slowFor) {
 		slow = true
 	}
 	if slow {
-		return max(b.opts.ProbeTimeout, b.opts.CallTimeout)
+		return b.callWait()
 	}
 	return b.opts.ProbeTimeout
 }
@@ -488,11 +495,7 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 	start := b.now()
 	op := "confirm"
 	if cause == errIdle {
-		// No decision's call runs beside an idle probe to prove Redis
-		// answers (a confirmation's other evidence), so it waits as long
-		// as a decision's call would: a slow Redis that answers within
-		// the call timeout serves, and is not marked down for it.
-		op, timeout = "idle", max(b.opts.ProbeTimeout, b.opts.CallTimeout)
+		op = "idle"
 	}
 	budget := timeout // for connections that break (below)
 	for {
@@ -539,7 +542,7 @@ func (b *Breaker) confirm(n *Node, cause error, done chan struct{}) {
 // behind a link as slow as the call timeout allows: five times it, as
 // the clients' dial timeout is (750ms at the defaults).
 func (b *Breaker) redialTimeout() time.Duration {
-	return 5 * max(b.opts.ProbeTimeout, b.opts.CallTimeout)
+	return 5 * b.callWait()
 }
 
 // redial gives n's probe a connection again, in the background, after a
@@ -739,7 +742,7 @@ func (b *Breaker) watchNode(n *Node, now time.Time, ask int64, pending bool) {
 			return
 		}
 	}
-	if err := b.probeOnce(n, max(b.opts.ProbeTimeout, b.opts.CallTimeout)); err != nil {
+	if err := b.probeOnce(n, b.callWait()); err != nil {
 		b.opts.Metrics.Calls.WithLabelValues("probe", Result(err)).Inc()
 		return
 	}

@@ -173,9 +173,9 @@ type leaser interface {
 	// wantTurn says a decision under l at ns was served without a call
 	// (Store.wantTurn).
 	wantTurn(l quota.Limit, ns int64)
-	// levelAt stamps a level a call begun at began reported, for a
-	// decision at now (Store.levelAt).
-	levelAt(now, began time.Time) time.Time
+	// levelAt stamps a level a call answered to a decision at now
+	// (Store.levelAt).
+	levelAt(now time.Time) time.Time
 }
 
 var _ leaser = (*Store)(nil)
@@ -282,10 +282,9 @@ func (h *Hybrid) Take(ctx context.Context, key string, l quota.Limit, n int64, n
 		return h.budget(ctx, key, l, n, now)
 	}
 	if !leases(l) {
-		began := time.Now()
 		d, err := h.store.decide(ctx, key, l, n, 0) // no lease: no fallback debt kept either
 		if err == nil && l.OnError == quota.ErrorFallback {
-			h.table.record(key, d.Remaining, h.store.levelAt(now, began))
+			h.table.record(key, d.Remaining, h.store.levelAt(now))
 		}
 		return d, err
 	}
@@ -447,7 +446,6 @@ func (h *Hybrid) renewLocked(ctx context.Context, sh *localcache.Shard[*keyState
 	e.flight = f
 	sh.Unlock()
 
-	began := time.Now()
 	ls, err := h.lease(ctx, r.key, r.l, a)
 
 	h.table.Lock(r.key)
@@ -481,7 +479,7 @@ func (h *Hybrid) renewLocked(ctx context.Context, sh *localcache.Shard[*keyState
 		h.enqueue(giveback{key: r.key, algorithm: r.l.Algorithm, window: r.l.Window, lease: held{id: ls.id, granted: ls.granted - r.n, unspent: ls.granted}, reason: ReturnEvicted})
 		return quota.Decision{}, false, nil
 	}
-	e.remote, e.remoteAt = ls.remaining, h.store.levelAt(r.now, began).UnixNano()
+	e.remote, e.remoteAt = ls.remaining, h.store.levelAt(r.now).UnixNano()
 	e.fullAt = r.ns + int64(ls.full)
 	e.count = 0
 	if ls.granted == 0 {
@@ -592,7 +590,6 @@ func (h *Hybrid) budget(ctx context.Context, key string, l quota.Limit, n int64,
 	}
 	debt := debtLocked(e, l)
 	sh.Unlock()
-	began := time.Now()
 	d, err := h.store.decide(ctx, key, l, n, debt)
 	if err != nil {
 		// Charged again next time: if this call ran after all, the
@@ -601,7 +598,7 @@ func (h *Hybrid) budget(ctx context.Context, key string, l quota.Limit, n int64,
 		return quota.Decision{}, err
 	}
 	if l.OnError == quota.ErrorFallback {
-		h.table.record(key, d.Remaining, h.store.levelAt(now, began))
+		h.table.record(key, d.Remaining, h.store.levelAt(now))
 	}
 	return d, nil
 }
@@ -681,7 +678,9 @@ func (h *Hybrid) allowLocked(e *keyState, l quota.Limit, ns int64) quota.Decisio
 	capacity := capacityOf(l)
 	remote := e.remote
 	if l.Algorithm == quota.TokenBucket {
-		remote += (ns - e.remoteAt) / l.Interval()
+		// The level is stamped when Redis answered (Store.levelAt): a
+		// decision that began before the answer sees no refill since.
+		remote += max(ns-e.remoteAt, 0) / l.Interval()
 	}
 	return quota.Decision{
 		Allowed:    true,

@@ -135,7 +135,7 @@ func (f *fakeRedis) peek(context.Context, string, quota.Limit) (quota.Inspection
 }
 func (f *fakeRedis) reset(context.Context, string) error { return errNotModelled }
 func (f *fakeRedis) wantTurn(quota.Limit, int64)         {}
-func (f *fakeRedis) levelAt(now, _ time.Time) time.Time  { return now }
+func (f *fakeRedis) levelAt(now time.Time) time.Time     { return now }
 
 // calls is a copy of the lease calls made so far.
 func (f *fakeRedis) calls() []leaseAsk {

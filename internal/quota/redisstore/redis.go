@@ -33,7 +33,6 @@ func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, no
 	if owesFallback(l) {
 		debt = r.table.takeDebt(key)
 	}
-	began := time.Now()
 	d, err := r.store.decideHolding(ctx, key, l, n, debt, holdFrom(ctx))
 	if err != nil {
 		// Charged again next time: if this call ran after all, the
@@ -43,7 +42,7 @@ func (r *Redis) Take(ctx context.Context, key string, l quota.Limit, n int64, no
 	}
 	if l.OnError == quota.ErrorFallback {
 		// One table operation beside a Redis round trip.
-		r.table.record(key, d.Remaining, r.store.levelAt(now, began))
+		r.table.record(key, d.Remaining, r.store.levelAt(now))
 	}
 	return d, nil
 }

@@ -266,21 +266,25 @@ func (s *Store) nowArg(unit time.Duration) string {
 	return strconv.FormatInt(s.opts.Clock().UnixNano()/int64(unit), 10)
 }
 
-// levelAt is the instant to stamp a level Redis reported, for a decision
-// at now whose call began (on the real clock) at began. The script ran at
-// Redis TIME, after now by up to the call's duration (queued behind
-// others, sent late by a starved process), and no later than the reply
-// came. Stamped at now, the level is older than it is, and a fallback
-// that refills from it (Resilient) credits the stretch between twice:
-// Redis gave that refill out already. Stamped when the reply came, never.
-// (A call held 500ms, then Redis killed: the fallback admitted 7 where
-// Redis had reported 3 left.) With an injected Clock (tests) the scripts
-// ran at now, which the call does not move.
-func (s *Store) levelAt(now, began time.Time) time.Time {
+// levelAt is the instant to stamp a level Redis reported to a decision
+// at now, once its call has answered. The script ran at Redis TIME,
+// after now by up to the call's duration (queued behind others, sent
+// late by a starved process), and no later than the reply came. Stamped
+// at now, the level is older than it is, and a fallback that refills
+// from it (Resilient) credits the stretch between twice: Redis gave that
+// refill out already. So it is stamped when Redis last answered
+// (answered, set before the call's caller sees its reply: this call's
+// answer or a later one), never earlier than now. (A call held 500ms,
+// then Redis killed: the fallback admitted 7 where Redis had reported 3
+// left.) With an injected Clock (tests) the scripts ran at now.
+func (s *Store) levelAt(now time.Time) time.Time {
 	if s.opts.Clock != nil {
 		return now
 	}
-	return now.Add(time.Since(began))
+	if at := s.answered.Load(); at > now.UnixNano() {
+		return time.Unix(0, at)
+	}
+	return now
 }
 
 // timeout is a call's deadline: the store's timeout, kept inside the
