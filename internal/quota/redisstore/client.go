@@ -93,11 +93,11 @@ func NewClients(o ClientOptions) (*Clients, error) {
 		MinRetryBackoff: -1,
 		MaxRetryBackoff: -1,
 		// Decisions ride one full-duplex connection per server (below),
-		// from a pipeline pool of one: the connection Store.Warm dials
-		// at start-up to load the scripts is the one the first
-		// decisions use. The main pool (PoolSize) carries the rest:
-		// WAIT's pipelines, reset announcements, what spills. No
-		// MinIdleConns: idle connections nothing takes.
+		// from a pipeline pool of one, dialled at start-up by the first
+		// heartbeat. The main pool (PoolSize) carries the rest: SCRIPT
+		// LOAD (go-redis keeps it off the shared stream), WAIT's
+		// pipelines, what spills. No MinIdleConns: idle connections
+		// nothing takes.
 		PoolSize:         o.PoolSize,
 		PipelinePoolSize: 1,
 		ClientName:       o.Name,
