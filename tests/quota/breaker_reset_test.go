@@ -46,28 +46,37 @@ func startResetProxy(t *testing.T, to string, reset func(n int64) bool) *resetPr
 func (p *resetProxy) addr() string { return p.ln.Addr().String() }
 
 func (p *resetProxy) accept(to string) {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
+	serveConns(p.ln, &p.wg, func(c net.Conn) {
+		if p.reset(p.n.Add(1)) {
+			c.Read(make([]byte, 1)) // the client's first bytes
+			c.(*net.TCPConn).SetLinger(0)
+			return
+		}
+		up, err := net.Dial("tcp", to)
 		if err != nil {
 			return
 		}
-		p.wg.Add(1)
+		defer up.Close()
+		go func() { io.Copy(up, c); up.Close() }()
+		io.Copy(c, up)
+	})
+}
+
+// serveConns accepts connections on ln until it closes, serving each on
+// a goroutine of its own and closing it after; wg counts the loop (the
+// caller added it) and each connection.
+func serveConns(ln net.Listener, wg *sync.WaitGroup, serve func(net.Conn)) {
+	defer wg.Done()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		wg.Add(1)
 		go func() {
-			defer p.wg.Done()
+			defer wg.Done()
 			defer c.Close()
-			if p.reset(p.n.Add(1)) {
-				c.Read(make([]byte, 1)) // the client's first bytes
-				c.(*net.TCPConn).SetLinger(0)
-				return
-			}
-			up, err := net.Dial("tcp", to)
-			if err != nil {
-				return
-			}
-			defer up.Close()
-			go func() { io.Copy(up, c); up.Close() }()
-			io.Copy(c, up)
+			serve(c)
 		}()
 	}
 }
