@@ -76,10 +76,10 @@ func connectRedis(cfg *config.Config, counts *local.Table, reg prometheus.Regist
 	if err != nil {
 		return nil, err
 	}
-	client := clients.Client
-
+	// Asked on the connection decisions ride (clients.Pipe), which this
+	// dials: the main pool would dial one that then idles.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	pingErr := client.Ping(ctx).Err()
+	pingErr := clients.Pipe.Ping(ctx).Err()
 	cancel()
 	switch err := pingErr; {
 	case err == nil:

@@ -94,10 +94,10 @@ func NewClients(o ClientOptions) (*Clients, error) {
 		MaxRetryBackoff: -1,
 		// Decisions ride one full-duplex connection per server (below),
 		// from a pipeline pool of one, dialled at start-up by the first
-		// heartbeat. The main pool (PoolSize) carries the rest: SCRIPT
-		// LOAD (go-redis keeps it off the shared stream), WAIT's
+		// heartbeat. The main pool (PoolSize) carries the rest: WAIT's
 		// pipelines, what spills. No MinIdleConns: idle connections
-		// nothing takes.
+		// nothing takes. (The scripts load on the probes' connections:
+		// loadScript.)
 		PoolSize:         o.PoolSize,
 		PipelinePoolSize: 1,
 		ClientName:       o.Name,
@@ -157,6 +157,7 @@ func NewClients(o ClientOptions) (*Clients, error) {
 func (c *Clients) StoreOptions(opts StoreOptions) StoreOptions {
 	opts.Probe = c.Probe
 	opts.Pipeline = c.pipelineFor
+	opts.LoadScript = c.loadScript
 	if c.cluster != nil {
 		opts.Router = c.cluster
 		opts.NodeProbe = c.nodeProbe
@@ -177,6 +178,19 @@ func (c *Clients) pipelineFor(ctx context.Context, key string) (redis.Pipeliner,
 		return m.Pipeline(), nil
 	}
 	return c.Client.Pipeline(), nil
+}
+
+// loadScript loads sc on the probe's connection to each master: the
+// decisions' autopipeliner would load it on a pooled connection of its
+// own, which then idles (SCRIPT LOAD does not ride the full-duplex
+// stream), one more connection per server for nothing.
+func (c *Clients) loadScript(ctx context.Context, sc *redis.Script) error {
+	if c.cluster == nil {
+		return sc.Load(ctx, c.Probe).Err()
+	}
+	return c.cluster.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		return sc.Load(ctx, c.nodeProbe(m.Options().Addr)).Err()
+	})
 }
 
 // nodeProbe returns the probe client of the master at addr: one

@@ -64,6 +64,10 @@ type StoreOptions struct {
 	// that talks to that master alone, on a connection of its own. Nil:
 	// Probe.
 	NodeProbe func(addr string) rediser
+	// LoadScript loads a script into every server decisions reach, on
+	// connections that are open anyway (the probes'), so that loading
+	// holds none of its own. Nil: through the decision client.
+	LoadScript func(ctx context.Context, sc *redis.Script) error
 	// WaitReplicas, above zero, follows every hybrid bucket lease call
 	// with WAIT WaitReplicas WaitTimeout on the connection that ran it
 	// (redis.wait_replicas): a lease fewer replicas acknowledge is not
@@ -152,7 +156,13 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 // debts (chargeDebts).
 func (s *Store) Warm(ctx context.Context) error {
 	for _, sc := range scripts {
-		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+		var err error
+		if s.opts.LoadScript != nil {
+			err = s.opts.LoadScript(ctx, sc)
+		} else {
+			err = sc.Load(ctx, s.rdb).Err()
+		}
+		if err != nil {
 			return err
 		}
 	}
