@@ -97,7 +97,7 @@ func NewClients(o ClientOptions) (*Clients, error) {
 		// heartbeat. The main pool (PoolSize) carries the rest: WAIT's
 		// pipelines, what spills. No MinIdleConns: idle connections
 		// nothing takes. (The scripts load on the probes' connections:
-		// loadScript.)
+		// Store.Warm.)
 		PoolSize:         o.PoolSize,
 		PipelinePoolSize: 1,
 		ClientName:       o.Name,
@@ -157,10 +157,10 @@ func NewClients(o ClientOptions) (*Clients, error) {
 func (c *Clients) StoreOptions(opts StoreOptions) StoreOptions {
 	opts.Probe = c.Probe
 	opts.Pipeline = c.pipelineFor
-	opts.LoadScript = c.loadScript
 	if c.cluster != nil {
 		opts.Router = c.cluster
 		opts.NodeProbe = c.nodeProbe
+		opts.LoadScript = c.loadScript
 	}
 	return opts
 }
@@ -180,14 +180,8 @@ func (c *Clients) pipelineFor(ctx context.Context, key string) (redis.Pipeliner,
 	return c.Client.Pipeline(), nil
 }
 
-// loadScript loads sc on the probe's connection to each master: the
-// decisions' autopipeliner would load it on a pooled connection of its
-// own, which then idles (SCRIPT LOAD does not ride the full-duplex
-// stream), one more connection per server for nothing.
+// loadScript loads sc on each master's probe connection (Store.Warm).
 func (c *Clients) loadScript(ctx context.Context, sc *redis.Script) error {
-	if c.cluster == nil {
-		return sc.Load(ctx, c.Probe).Err()
-	}
 	return c.cluster.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
 		return sc.Load(ctx, c.nodeProbe(m.Options().Addr)).Err()
 	})

@@ -64,9 +64,8 @@ type StoreOptions struct {
 	// that talks to that master alone, on a connection of its own. Nil:
 	// Probe.
 	NodeProbe func(addr string) rediser
-	// LoadScript loads a script into every server decisions reach, on
-	// connections that are open anyway (the probes'), so that loading
-	// holds none of its own. Nil: through the decision client.
+	// LoadScript loads a script into every master of a Cluster, on the
+	// masters' probe connections. Nil: on Probe's.
 	LoadScript func(ctx context.Context, sc *redis.Script) error
 	// WaitReplicas, above zero, follows every hybrid bucket lease call
 	// with WAIT WaitReplicas WaitTimeout on the connection that ran it
@@ -155,27 +154,23 @@ func NewStore(rdb rediser, opts StoreOptions) *Store {
 // reads the Redis state (Peers.CheckState) and charges the fallback's
 // debts (chargeDebts).
 func (s *Store) Warm(ctx context.Context) error {
+	// The scripts load on the probes' connections, which so are dialled
+	// now, while Redis answers: a confirmation behind a slow link would
+	// otherwise pay the dial's round trips (HELLO, CLIENT SETNAME) inside
+	// its timeout, and its breaker open on a link that answers. Through
+	// the decisions' autopipeliner SCRIPT LOAD would take a pooled
+	// connection of its own, which then idles.
+	load := s.opts.LoadScript
+	if load == nil {
+		load = func(ctx context.Context, sc *redis.Script) error { return sc.Load(ctx, s.opts.Probe).Err() }
+	}
 	for _, sc := range scripts {
-		var err error
-		if s.opts.LoadScript != nil {
-			err = s.opts.LoadScript(ctx, sc)
-		} else {
-			err = sc.Load(ctx, s.rdb).Err()
-		}
-		if err != nil {
+		if err := load(ctx, sc); err != nil {
 			return err
 		}
 	}
 	if fn := s.warmed.Load(); fn != nil {
 		(*fn)(ctx)
-	}
-	if s.opts.Router == nil {
-		// The breaker's probe connection, dialled now, while Redis
-		// answers: a confirmation behind a slow link would otherwise pay
-		// the dial's round trips (HELLO, CLIENT SETNAME) inside its
-		// timeout, and its breaker open on a link that answers. (A
-		// Cluster's masters get probe clients as the breaker meets them.)
-		s.opts.Probe.Exists(ctx, s.peersKey())
 	}
 	now := time.Now().UnixNano()
 	if s.down.Load() != 0 {
